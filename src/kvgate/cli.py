@@ -1,0 +1,57 @@
+"""The ``kvgate`` command: each subcommand lives in the module that owns it.
+
+A subcommand module exposes ``add_arguments(parser)`` and ``run(args) -> int``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("kvgate.gateway.cli", "run the gateway (OpenAI-compatible proxy)"),
+    "engine-sim": ("kvgate.engine.cli", "run simulated OpenAI-compatible engines"),
+    "sidecar": ("kvgate.sidecar.cli", "scrape an engine and report it to the store"),
+    "sim": ("kvgate.sim.cli", "compare policies in the virtual-time cluster simulator"),
+    "bench": ("kvgate.loadgen.cli", "live load against an OpenAI-compatible endpoint"),
+    "demo": ("kvgate.demo.cli", "engines + gateway + workload in one command"),
+    "status": ("kvgate.status.cli", "show a running gateway's nodes and tenants"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvgate", description=__doc__)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and module_name.startswith(exc.name):
+                p.set_defaults(_missing=module_name)
+                continue
+            raise
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    if getattr(args, "_missing", None):
+        print(f"kvgate {args.command}: not available in this build", file=sys.stderr)
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

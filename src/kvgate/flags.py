@@ -1,0 +1,82 @@
+"""Named on/off switches: every strategy has an off switch.
+
+Each flag's text says what turning it off falls back to. The gateway exposes them at
+``/admin/flags`` and in the store under ``/kvgate/flags/<name>``; the router, the admission
+controller and the simulator read the same ``Flags`` object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class FlagSpec:
+    name: str
+    default: bool
+    off_means: str
+
+
+FLAG_SPECS: tuple[FlagSpec, ...] = (
+    FlagSpec(
+        "cache_affinity",
+        True,
+        "prefix-index candidates ignored; hybrid routes by load within the home set",
+    ),
+    FlagSpec(
+        "consistent_hashing", True, "no home set; a prefix miss goes to the least-loaded node"
+    ),
+    FlagSpec("load_guard", True, "affinity may send work to an overloaded node"),
+    FlagSpec("hit_feedback", True, "predicted hits are never checked; no (node, prefix) demotion"),
+    FlagSpec("cold_boost", True, "new or re-registered nodes get no routing boost"),
+    FlagSpec("retries", True, "a failed dispatch returns 502 at once"),
+    FlagSpec("admission", True, "every request is admitted (no quota, no queue)"),
+    FlagSpec("dynamic_quota", True, "the cluster total stays at its configured value"),
+    FlagSpec("degrade", True, "over-quota work is queued or rejected, never degraded"),
+)
+FLAG_NAMES = frozenset(s.name for s in FLAG_SPECS)
+
+
+class UnknownFlag(KeyError):
+    pass
+
+
+class Flags(Mapping[str, bool]):
+    """Current flag values; changes are pushed to subscribers."""
+
+    def __init__(self, overrides: Mapping[str, bool] | None = None) -> None:
+        self._values = {s.name: s.default for s in FLAG_SPECS}
+        self._listeners: list[Callable[[str, bool], None]] = []
+        for name, value in (overrides or {}).items():
+            self.set(name, value)
+
+    def __getitem__(self, name: str) -> bool:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise UnknownFlag(name) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def enabled(self, name: str) -> bool:
+        return self[name]
+
+    def set(self, name: str, value: bool) -> None:
+        if name not in FLAG_NAMES:
+            raise UnknownFlag(f"unknown flag {name!r}; known: {', '.join(sorted(FLAG_NAMES))}")
+        changed = self._values[name] != bool(value)
+        self._values[name] = bool(value)
+        if changed:
+            for listener in list(self._listeners):
+                listener(name, bool(value))
+
+    def subscribe(self, listener: Callable[[str, bool], None]) -> None:
+        self._listeners.append(listener)
+
+    def as_dict(self) -> dict[str, bool]:
+        return dict(self._values)

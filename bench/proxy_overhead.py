@@ -1,0 +1,176 @@
+"""Gateway overhead: CPU µs per request and added p50 latency vs going direct to the engine.
+
+Starts one engine (``kvgate engine-sim`` unless ``--engine-url`` names a running one) and
+one ``kvgate serve`` in front of it, then at each concurrency sends the same bounded
+number of small non-streamed chat requests direct and through the gateway, in the same
+run. Gateway CPU comes from /proc/<pid>/stat (utime + stime) before and after.
+
+    .venv/bin/python bench/proxy_overhead.py --requests 400 --concurrency 1 16 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.fixtures.gateway import start_gateway_process  # noqa: E402
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_engine(extra: list[str]) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    log_path = Path(tempfile.mkdtemp(prefix="kvgate-bench-")) / "engine.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kvgate",
+                "engine-sim",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                *extra,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"engine exited: {log_path.read_text()}")
+        try:
+            with urllib.request.urlopen(url + "/v1/models", timeout=1):
+                return proc, url
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise TimeoutError("engine did not start")
+
+
+async def run_load(url: str, model: str, n: int, concurrency: int, max_tokens: int) -> list[float]:
+    latencies: list[float] = []
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(n):
+        queue.put_nowait(i)
+    connector = aiohttp.TCPConnector(limit=concurrency)
+
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def worker() -> None:
+            while True:
+                try:
+                    i = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                body = {
+                    "model": model,
+                    "max_tokens": max_tokens,
+                    "messages": [
+                        {"role": "system", "content": "You are a benchmark."},
+                        {"role": "user", "content": f"request number {i}"},
+                    ],
+                }
+                t0 = time.perf_counter()
+                async with session.post(url + "/v1/chat/completions", json=body) as r:
+                    await r.read()
+                    if r.status != 200:
+                        raise RuntimeError(f"HTTP {r.status} from {url}")
+                latencies.append(time.perf_counter() - t0)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return latencies
+
+
+def model_of(url: str) -> str:
+    with urllib.request.urlopen(url + "/v1/models", timeout=5) as r:
+        return str(json.load(r)["data"][0]["id"])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=400, help="requests per run")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--max-tokens", type=int, default=4)
+    parser.add_argument("--engine-url", help="use this running engine instead of starting one")
+    parser.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        help="extra argument for kvgate engine-sim (repeatable)",
+    )
+    parser.add_argument("--json", help="also write the figures here")
+    args = parser.parse_args()
+
+    engine_proc = None
+    if args.engine_url:
+        engine_url = args.engine_url.rstrip("/")
+    else:
+        engine_proc, engine_url = start_engine(args.engine_arg)
+    gateway = start_gateway_process(backends=[engine_url], extra_args=["--log-level", "warning"])
+    results = []
+    try:
+        model = model_of(engine_url)
+        asyncio.run(run_load(gateway.url, model, 20, 4, args.max_tokens))  # warm pools
+        for c in args.concurrency:
+            direct = asyncio.run(run_load(engine_url, model, args.requests, c, args.max_tokens))
+            cpu0 = cpu_seconds(gateway.pid)
+            t0 = time.perf_counter()
+            via = asyncio.run(run_load(gateway.url, model, args.requests, c, args.max_tokens))
+            wall = time.perf_counter() - t0
+            cpu = cpu_seconds(gateway.pid) - cpu0
+            row = {
+                "concurrency": c,
+                "requests": args.requests,
+                "gateway_cpu_us_per_request": round(cpu / args.requests * 1e6, 1),
+                "direct_p50_ms": round(statistics.median(direct) * 1000, 3),
+                "gateway_p50_ms": round(statistics.median(via) * 1000, 3),
+                "added_p50_ms": round(
+                    (statistics.median(via) - statistics.median(direct)) * 1000, 3
+                ),
+                "p50_ratio": round(statistics.median(via) / statistics.median(direct), 3),
+                "gateway_rps": round(args.requests / wall, 1),
+            }
+            results.append(row)
+            print(json.dumps(row))
+    finally:
+        gateway.stop()
+        if engine_proc is not None:
+            engine_proc.terminate()
+            engine_proc.wait(timeout=10)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The HTTP gateway (``kvgate serve``): auth → admission → router → proxy."""

@@ -1,0 +1,142 @@
+"""``kvgate serve``: run the gateway. Command-line flags override the config file."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from typing import Any
+
+from kvgate.flags import FLAG_NAMES
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE.yaml", help="gateway config file")
+    parser.add_argument("--host", help="bind address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="bind port (default 8000; 0 = any free port)")
+    parser.add_argument(
+        "--backend",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="engine base URL; repeat for several (ids node-0, node-1, …)",
+    )
+    parser.add_argument(
+        "--engine-type",
+        default=None,
+        help="engine type of --backend nodes: vllm|sglang|tgi|llamacpp|sim",
+    )
+    parser.add_argument("--model", default=None, help="model of --backend nodes (else discovered)")
+    parser.add_argument("--policy", help="routing policy (default hybrid)")
+    parser.add_argument("--store", help="memory:// | redis://h:p | etcd://h:p | redis://…,etcd://…")
+    parser.add_argument("--admin-token", help="token for /admin and /dashboard")
+    parser.add_argument("--gateway-id", help="this replica's id (default host:port)")
+    parser.add_argument("--scrape-interval", type=float, help="seconds between /metrics pulls")
+    parser.add_argument(
+        "--flag",
+        action="append",
+        default=[],
+        metavar="NAME=on|off",
+        help="override a flag; repeatable",
+    )
+    parser.add_argument("--port-file", help="write the bound port here once listening")
+    parser.add_argument("--log-level", default="info", help="debug|info|warning|error")
+
+
+def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    from kvgate.gateway.config import ConfigError, load_config
+
+    data = load_config(args.config)
+    server = dict(data.get("server") or {})
+    for key, value in (("host", args.host), ("port", args.port), ("gateway_id", args.gateway_id)):
+        if value is not None:
+            server[key] = value
+    if server:
+        data["server"] = server
+    if args.backend:
+        nodes = []
+        for i, url in enumerate(args.backend):
+            node: dict[str, Any] = {"id": f"node-{i}", "url": url}
+            if args.engine_type:
+                node["engine_type"] = args.engine_type
+            if args.model:
+                node["model"] = args.model
+            nodes.append(node)
+        data["nodes"] = nodes
+    routing = dict(data.get("routing") or {})
+    if args.policy:
+        routing["policy"] = args.policy
+    if args.scrape_interval is not None:
+        routing["scrape_interval_s"] = args.scrape_interval
+    if routing:
+        data["routing"] = routing
+    if args.store:
+        data["store"] = args.store
+    if args.admin_token:
+        data["auth"] = {**(data.get("auth") or {}), "admin_token": args.admin_token}
+    flags = dict(data.get("flags") or {})
+    for item in args.flag:
+        name, _, value = item.partition("=")
+        if name not in FLAG_NAMES or value not in ("on", "off"):
+            raise ConfigError(
+                f"--flag {item!r}: expected NAME=on|off with NAME one of "
+                f"{', '.join(sorted(FLAG_NAMES))}"
+            )
+        flags[name] = value == "on"
+    if flags:
+        data["flags"] = flags
+    return data
+
+
+def run(args: argparse.Namespace) -> int:
+
+    from kvgate.gateway.app import create_app
+    from kvgate.gateway.config import ConfigError, parse_config
+
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    try:
+        config = parse_config(config_from_args(args))
+    except ConfigError as exc:
+        print(f"kvgate serve: invalid config: {exc}", file=sys.stderr)
+        return 2
+    if not config.nodes:
+        logging.getLogger("kvgate.gateway").warning(
+            "no nodes configured; add them with POST /admin/nodes or a sidecar"
+        )
+    try:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
+    app = create_app(config)
+    asyncio.run(_serve(app, config.server.host, config.server.port, args.port_file))
+    return 0
+
+
+async def _serve(app: Any, host: str, port: int, port_file: str | None) -> None:
+    import signal
+
+    from aiohttp import web
+
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=1024)
+    await site.start()
+    bound = runner.addresses[0][1] if runner.addresses else port
+    logging.getLogger("kvgate.gateway").info("listening on http://%s:%s", host, bound)
+    if port_file:
+        with open(port_file, "w") as f:
+            f.write(str(bound))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()

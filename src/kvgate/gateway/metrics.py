@@ -1,0 +1,105 @@
+"""The gateway's own Prometheus metrics (kvgate_ prefix), in an injected registry."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "kvgate_requests",
+            "Requests answered, by endpoint and HTTP status",
+            ["endpoint", "status"],
+            registry=registry,
+        )
+        self.request_duration = Histogram(
+            "kvgate_request_duration_seconds",
+            "Time from request arrival to the last byte",
+            ["endpoint"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.ttft = Histogram(
+            "kvgate_time_to_first_token_seconds",
+            "Time from request arrival to the first streamed token (or full body when not streamed)",
+            ["endpoint"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.inflight = Gauge(
+            "kvgate_inflight_requests", "Requests inside the gateway now", registry=registry
+        )
+        self.retries = Counter(
+            "kvgate_retries",
+            "Dispatches retried on another node, by cause",
+            ["cause"],
+            registry=registry,
+        )
+        self.upstream_errors = Counter(
+            "kvgate_upstream_errors",
+            "Failed upstream dispatches, by node and kind",
+            ["node", "kind"],
+            registry=registry,
+        )
+        self.dispatches = Counter(
+            "kvgate_dispatches",
+            "Upstream dispatches, by node and route reason",
+            ["node", "reason"],
+            registry=registry,
+        )
+        self.predicted_cached_tokens = Counter(
+            "kvgate_predicted_cached_tokens",
+            "Cached prompt tokens the router expected, by node (hit feedback)",
+            ["node"],
+            registry=registry,
+        )
+        self.actual_cached_tokens = Counter(
+            "kvgate_actual_cached_tokens",
+            "Cached prompt tokens the engine reported in usage, by node (hit feedback)",
+            ["node"],
+            registry=registry,
+        )
+        self.prompt_tokens = Counter(
+            "kvgate_prompt_tokens",
+            "Prompt tokens reported by engines, by node",
+            ["node"],
+            registry=registry,
+        )
+        self.completion_tokens = Counter(
+            "kvgate_completion_tokens",
+            "Completion tokens reported by engines, by node",
+            ["node"],
+            registry=registry,
+        )
+        self.usage_injected = Counter(
+            "kvgate_stream_usage_injected",
+            "Streams where the gateway asked the engine for usage and stripped the extra chunk",
+            registry=registry,
+        )
+        self.client_disconnects = Counter(
+            "kvgate_client_disconnects",
+            "Clients that went away before the response ended",
+            registry=registry,
+        )
+        self.scrapes = Counter(
+            "kvgate_scrapes",
+            "Node scrapes, by node and result",
+            ["node", "result"],
+            registry=registry,
+        )
+        self.registry_events = Counter(
+            "kvgate_registry_events",
+            "Node registry changes seen in the store, by kind",
+            ["kind"],
+            registry=registry,
+        )
+        self.async_jobs = Counter(
+            "kvgate_async_jobs",
+            "Async jobs (Prefer: respond-async / degrade), by final status",
+            ["status"],
+            registry=registry,
+        )

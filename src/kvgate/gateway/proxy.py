@@ -1,0 +1,396 @@
+"""Upstream dispatch: route, send, stream back chunk by chunk, retry before the first byte.
+
+Retry rule: a connection error or a 5xx answer before any byte reached the client is
+retried on the router's next candidate (``exclude=`` the nodes already tried), at most
+``routing.max_retries`` times; once streaming to the client has started nothing is
+retried and an engine failure becomes an SSE error event followed by ``[DONE]``.
+``router.on_complete`` is called exactly once for every dispatch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from aiohttp import web
+
+from kvgate.flags import Flags
+from kvgate.gateway.errors import ApiError, sse_error_event
+from kvgate.gateway.metrics import GatewayMetrics
+from kvgate.gateway.sse import SseSplitter
+from kvgate.gateway.usage import (
+    Usage,
+    chunk_generated_tokens,
+    client_wants_usage,
+    is_usage_only_chunk,
+    parse_usage,
+    with_usage_requested,
+)
+from kvgate.types import NoNodeAvailable, RouteDecision, RouteRequest
+
+if TYPE_CHECKING:
+    from kvgate.routing.router import Router
+
+log = logging.getLogger("kvgate.gateway")
+
+ProgressCallback = Callable[[int], Awaitable[None]]
+
+# Hop-by-hop and gateway-owned headers are never copied from the engine's answer.
+_SKIP_UPSTREAM_HEADERS = frozenset(
+    h.lower()
+    for h in (
+        "Content-Length",
+        "Transfer-Encoding",
+        "Connection",
+        "Keep-Alive",
+        "Content-Encoding",
+        "Date",
+        "Server",
+        "Content-Type",
+    )
+)
+
+
+class UpstreamFailure(Exception):
+    """A dispatch failed before anything reached the client (so it may be retried)."""
+
+    def __init__(self, kind: str, message: str, *, status: int = 502) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.status = status
+
+
+@dataclass(slots=True)
+class Call:
+    """One client request on its way upstream."""
+
+    request_id: str
+    path: str  # e.g. /v1/chat/completions
+    endpoint: str  # "chat" | "completions"
+    body: dict[str, Any]
+    route: RouteRequest
+    started: float  # time.perf_counter() at arrival
+    headers: dict[str, str] = field(default_factory=dict)  # extra response headers
+    on_progress: ProgressCallback | None = None
+    raw_body: bytes | None = None  # the client's bytes, forwarded as-is when body is unchanged
+    # filled in as the call proceeds, for logs and metrics
+    decision: RouteDecision | None = None
+    attempts: int = 0
+    usage: Usage | None = None
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.body.get("stream"))
+
+
+@dataclass(slots=True)
+class _Outcome:
+    ok: bool = False
+    cached_tokens: int | None = None
+    output_tokens: int = 0
+
+
+class Proxy:
+    def __init__(
+        self,
+        *,
+        session: aiohttp.ClientSession,
+        router: Router,
+        node_url: Callable[[str], str | None],
+        flags: Flags,
+        metrics: GatewayMetrics,
+        max_retries: int,
+        upstream_timeout_s: float,
+        progress_batch_tokens: int = 16,
+    ) -> None:
+        self.session = session
+        self.router = router
+        self.node_url = node_url
+        self.flags = flags
+        self.metrics = metrics
+        self.max_retries = max_retries
+        self.upstream_timeout = aiohttp.ClientTimeout(total=upstream_timeout_s)
+        self.progress_batch_tokens = progress_batch_tokens
+
+    async def forward(self, call: Call, request: web.Request | None) -> web.StreamResponse:
+        """Dispatch with retries; ``request`` is None for background (async job) calls."""
+        tried: list[str] = []
+        last_failure: UpstreamFailure | None = None
+        attempts = 1 + (self.max_retries if self.flags.enabled("retries") else 0)
+        for attempt in range(attempts):
+            try:
+                decision = self.router.route(call.route, exclude=tuple(tried))
+            except NoNodeAvailable as exc:
+                if last_failure is not None:
+                    break
+                raise ApiError(
+                    503,
+                    f"no node can take the request: {exc}",
+                    code="no_node_available",
+                    headers={"Retry-After": "1"},
+                ) from None
+            tried.append(decision.node_id)
+            call.decision = decision
+            call.attempts = attempt + 1
+            if attempt:
+                self.metrics.retries.labels(last_failure.kind if last_failure else "?").inc()
+            try:
+                return await self._dispatch(call, decision, request)
+            except UpstreamFailure as failure:
+                last_failure = failure
+                self.metrics.upstream_errors.labels(decision.node_id, failure.kind).inc()
+                log.warning(
+                    "upstream failure request_id=%s node=%s kind=%s attempt=%d: %s",
+                    call.request_id,
+                    decision.node_id,
+                    failure.kind,
+                    attempt + 1,
+                    failure,
+                )
+        assert last_failure is not None
+        raise ApiError(
+            502,
+            f"upstream failed after {len(tried)} attempt(s): {last_failure}",
+            code=f"upstream_{last_failure.kind}",
+        )
+
+    async def _dispatch(
+        self, call: Call, decision: RouteDecision, request: web.Request | None
+    ) -> web.StreamResponse:
+        outcome = _Outcome()
+        self.router.on_dispatch(call.route, decision)
+        self.metrics.dispatches.labels(decision.node_id, decision.reason).inc()
+        try:
+            base = self.node_url(decision.node_id)
+            if base is None:
+                raise UpstreamFailure("node_removed", f"node {decision.node_id} was removed")
+            if call.stream and request is not None:
+                return await self._stream(call, decision, base, request, outcome)
+            return await self._unary(call, decision, base, outcome)
+        finally:
+            self._record_usage(decision, call.usage)
+            self.router.on_complete(
+                call.route,
+                decision,
+                ok=outcome.ok,
+                actual_cached_tokens=outcome.cached_tokens,
+                output_tokens=outcome.output_tokens,
+            )
+
+    def _record_usage(self, decision: RouteDecision, usage: Usage | None) -> None:
+        if usage is None:
+            return
+        node = decision.node_id
+        if usage.cached_tokens is not None:
+            self.metrics.predicted_cached_tokens.labels(node).inc(decision.expected_cached_tokens)
+            self.metrics.actual_cached_tokens.labels(node).inc(usage.cached_tokens)
+        if usage.prompt_tokens is not None:
+            self.metrics.prompt_tokens.labels(node).inc(usage.prompt_tokens)
+        if usage.completion_tokens is not None:
+            self.metrics.completion_tokens.labels(node).inc(usage.completion_tokens)
+
+    def response_headers(self, call: Call, decision: RouteDecision) -> dict[str, str]:
+        return {
+            "X-Request-Id": call.request_id,
+            "X-KVGate-Node": decision.node_id,
+            "X-KVGate-Route-Reason": decision.reason,
+            "X-KVGate-Expected-Cached-Tokens": str(decision.expected_cached_tokens),
+            **call.headers,
+        }
+
+    async def _post(
+        self, base: str, call: Call, body: dict[str, Any] | None
+    ) -> aiohttp.ClientResponse:
+        if body is None and call.raw_body is not None:
+            data = call.raw_body
+        else:
+            data = json.dumps(body if body is not None else call.body, ensure_ascii=False).encode()
+        try:
+            return await self.session.post(
+                base + call.path,
+                data=data,
+                headers={"Content-Type": "application/json", "X-Request-Id": call.request_id},
+                timeout=self.upstream_timeout,
+            )
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+            raise UpstreamFailure("connect", f"{type(exc).__name__}: {exc}") from None
+        except TimeoutError:
+            raise UpstreamFailure("timeout", "upstream timed out", status=504) from None
+
+    async def _unary(
+        self, call: Call, decision: RouteDecision, base: str, outcome: _Outcome
+    ) -> web.Response:
+        resp = await self._post(base, call, None)
+        try:
+            payload = await resp.read()
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+            raise UpstreamFailure("read", f"{type(exc).__name__}: {exc}") from None
+        except TimeoutError:
+            raise UpstreamFailure("timeout", "upstream timed out", status=504) from None
+        finally:
+            resp.release()
+        if resp.status >= 500:
+            raise UpstreamFailure("http_5xx", f"node answered HTTP {resp.status}")
+        if resp.content_type == "application/json":
+            try:
+                parsed = json.loads(payload)
+            except ValueError:
+                parsed = None
+            if isinstance(parsed, dict):
+                call.usage = parse_usage(parsed)
+        outcome.ok = resp.status < 400
+        if call.usage is not None:
+            outcome.cached_tokens = call.usage.cached_tokens
+            outcome.output_tokens = call.usage.completion_tokens or 0
+        self.metrics.ttft.labels(call.endpoint).observe(time.perf_counter() - call.started)
+        headers = _passthrough_headers(resp)
+        headers.update(self.response_headers(call, decision))
+        return web.Response(
+            status=resp.status,
+            body=payload,
+            headers=headers,
+            content_type=resp.content_type or "application/json",
+        )
+
+    async def _stream(
+        self,
+        call: Call,
+        decision: RouteDecision,
+        base: str,
+        request: web.Request,
+        outcome: _Outcome,
+    ) -> web.StreamResponse:
+        inject = not client_wants_usage(call.body)
+        resp = await self._post(base, call, with_usage_requested(call.body) if inject else None)
+        try:
+            if resp.status >= 500:
+                raise UpstreamFailure("http_5xx", f"node answered HTTP {resp.status}")
+            if resp.status != 200 or resp.content_type != "text/event-stream":
+                return await self._plain_answer(call, decision, resp, outcome)
+            if inject:
+                self.metrics.usage_injected.inc()
+            return await self._relay_events(call, decision, resp, request, outcome, inject)
+        finally:
+            resp.close()
+
+    async def _plain_answer(
+        self,
+        call: Call,
+        decision: RouteDecision,
+        resp: aiohttp.ClientResponse,
+        outcome: _Outcome,
+    ) -> web.Response:
+        try:
+            payload = await resp.read()
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+            raise UpstreamFailure("read", f"{type(exc).__name__}: {exc}") from None
+        outcome.ok = resp.status < 400
+        headers = _passthrough_headers(resp)
+        headers.update(self.response_headers(call, decision))
+        return web.Response(
+            status=resp.status,
+            body=payload,
+            headers=headers,
+            content_type=resp.content_type or "application/json",
+        )
+
+    async def _relay_events(
+        self,
+        call: Call,
+        decision: RouteDecision,
+        resp: aiohttp.ClientResponse,
+        request: web.Request,
+        outcome: _Outcome,
+        strip_usage: bool,
+    ) -> web.StreamResponse:
+        client: web.StreamResponse | None = None
+        splitter = SseSplitter()
+        generated = 0
+        reported = 0
+        done = False
+
+        async def send(data: bytes) -> None:
+            nonlocal client
+            if client is None:
+                headers = self.response_headers(call, decision)
+                headers["Cache-Control"] = "no-cache"
+                client = web.StreamResponse(status=200, headers=headers)
+                client.content_type = "text/event-stream"
+                await client.prepare(request)
+                self.metrics.ttft.labels(call.endpoint).observe(time.perf_counter() - call.started)
+            await client.write(data)
+
+        try:
+            async for chunk in resp.content.iter_any():
+                for event in splitter.feed(chunk):
+                    if event.is_done:
+                        done = True
+                        await send(event.raw + b"\n\n")
+                        continue
+                    data = event.json()
+                    if data is not None:
+                        usage = parse_usage(data)
+                        if usage is not None:
+                            call.usage = usage
+                        if strip_usage and is_usage_only_chunk(data):
+                            continue
+                        generated += chunk_generated_tokens(data)
+                    await send(event.raw + b"\n\n")
+                if call.on_progress and generated - reported >= self.progress_batch_tokens:
+                    reported = generated
+                    self.router.on_progress(call.route, decision, generated)
+                    await call.on_progress(generated)
+            if not done:
+                raise aiohttp.ClientPayloadError("stream ended without [DONE]")
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            self.metrics.client_disconnects.inc()
+            log.info("client went away request_id=%s node=%s", call.request_id, decision.node_id)
+            outcome.output_tokens = generated
+            return client or web.StreamResponse(status=499)
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+            kind = "timeout" if isinstance(exc, TimeoutError) else "stream_broken"
+            if client is None:
+                raise UpstreamFailure(kind, f"{type(exc).__name__}: {exc}") from None
+            self.metrics.upstream_errors.labels(decision.node_id, kind).inc()
+            log.warning(
+                "stream broke request_id=%s node=%s: %s", call.request_id, decision.node_id, exc
+            )
+            outcome.output_tokens = generated
+            with _suppress_disconnect():
+                await client.write(
+                    sse_error_event(f"engine {decision.node_id} failed mid-stream", code=kind)
+                )
+            return client
+        outcome.ok = True
+        outcome.output_tokens = generated
+        if call.usage is not None:
+            outcome.cached_tokens = call.usage.cached_tokens
+            if call.usage.completion_tokens is not None:
+                outcome.output_tokens = call.usage.completion_tokens
+        if client is None:  # an engine that sent only [DONE]: still answer as a stream
+            await send(b"")
+        assert client is not None
+        with _suppress_disconnect():
+            await client.write_eof()
+        return client
+
+
+class _suppress_disconnect:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> bool:
+        return exc_type is not None and issubclass(exc_type, ConnectionResetError | RuntimeError)
+
+
+def _passthrough_headers(resp: aiohttp.ClientResponse) -> dict[str, str]:
+    return {k: v for k, v in resp.headers.items() if k.lower() not in _SKIP_UPSTREAM_HEADERS}
+
+
+__all__ = ["Call", "Proxy", "UpstreamFailure", "asyncio"]

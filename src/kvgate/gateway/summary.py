@@ -1,0 +1,95 @@
+"""GET /admin/summary: one JSON document for the dashboard and ``kvgate status``."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvgate.gateway.app import Gateway
+
+
+def _num(value: Any) -> float | int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def node_rows(gateway: Gateway) -> list[dict[str, Any]]:
+    now = gateway.clock.now()
+    routing = gateway.router.snapshot()
+    per_node = routing.get("nodes", {}) if isinstance(routing, dict) else {}
+    if isinstance(per_node, list):
+        per_node = {row.get("node_id"): row for row in per_node if isinstance(row, dict)}
+    rows = []
+    for node_id, spec in sorted(gateway.specs.items()):
+        node = gateway.nodes.get(node_id)
+        info = per_node.get(node_id, {}) if isinstance(per_node, dict) else {}
+        report = getattr(node, "report", None)
+        state = getattr(node, "state", None)
+        rows.append(
+            {
+                "node_id": node_id,
+                "url": spec.url,
+                "model": spec.model,
+                "pool": spec.pool,
+                "engine_type": spec.engine_type,
+                "source": gateway.sources.get(node_id),
+                "state": getattr(state, "value", state) or info.get("state"),
+                "running": _num(getattr(report, "running", None)),
+                "waiting": _num(getattr(report, "waiting", None)),
+                "inflight_requests": _num(
+                    info.get("inflight_requests", getattr(node, "inflight_requests", None))
+                ),
+                "inflight_tokens": _num(
+                    info.get("inflight_tokens", getattr(node, "inflight_tokens", None))
+                ),
+                "kv_usage": _num(getattr(report, "kv_usage", None)),
+                "load": _num(info.get("load")),
+                "predicted_hit_rate": _num(info.get("predicted_hit_rate")),
+                "actual_hit_rate": _num(info.get("actual_hit_rate")),
+                "cold_boost": _num(info.get("cold_boost")),
+                "report_age_s": _num(now - report.timestamp) if report is not None else None,
+            }
+        )
+    return rows
+
+
+def build_summary(gateway: Gateway) -> dict[str, Any]:
+    config = gateway.config
+    admission = gateway.admission.snapshot()
+    routing = gateway.router.snapshot()
+    tenants = []
+    for row in (
+        admission.get("tenants", [])
+        if isinstance(admission.get("tenants"), list)
+        else [{"name": k, **v} for k, v in (admission.get("tenants") or {}).items()]
+    ):
+        tenants.append(
+            {
+                k: row.get(k)
+                for k in ("name", "guaranteed", "weight", "used", "hard_cap", "queue_depth")
+            }
+        )
+    return {
+        "gateway": {
+            "id": config.gateway_id,
+            "policy": getattr(gateway.router, "policy_name", None) or config.routing.policy,
+            "uptime_s": round(time.monotonic() - gateway.started_at, 3),
+            "store": config.store,
+            "auth_enabled": gateway.tenants.auth_enabled,
+            "flags": gateway.flags.as_dict(),
+        },
+        "nodes": node_rows(gateway),
+        "tenants": tenants,
+        "admission": {
+            "enabled": gateway.flags.enabled("admission"),
+            "total_quota": _num(admission.get("total_quota")),
+            "used": _num(admission.get("used")),
+            "decisions_total": admission.get("decisions_total", {}),
+        },
+        "routing": {"decisions_total": routing.get("decisions_total", {})},
+    }

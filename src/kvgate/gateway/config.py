@@ -8,12 +8,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from kvgate.adapters import ENGINE_TYPES
 from kvgate.admission.config import AdmissionConfig
 from kvgate.flags import FLAG_NAMES
 from kvgate.routing.config import RoutingConfig
 from kvgate.types import NodeSpec
-
-ENGINE_TYPES = ("vllm", "sglang", "tgi", "llamacpp", "sim")
 
 
 class ConfigError(ValueError):

@@ -341,6 +341,10 @@ class Proxy:
                         if strip_usage and is_usage_only_chunk(data):
                             continue
                         generated += chunk_generated_tokens(data)
+                        if strip_usage and "usage" in data:
+                            # the client did not ask for usage: hide the injected null field
+                            await send(strip_null_usage(event.raw) + b"\n\n")
+                            continue
                     await send(event.raw + b"\n\n")
                 if call.on_progress and generated - reported >= self.progress_batch_tokens:
                     reported = generated
@@ -387,6 +391,10 @@ class _suppress_disconnect:
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> bool:
         return exc_type is not None and issubclass(exc_type, ConnectionResetError | RuntimeError)
+
+
+def strip_null_usage(raw: bytes) -> bytes:
+    return raw.replace(b',"usage":null', b"").replace(b', "usage": null', b"")
 
 
 def _passthrough_headers(resp: aiohttp.ClientResponse) -> dict[str, str]:

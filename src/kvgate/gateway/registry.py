@@ -13,6 +13,7 @@ several gateway replicas sharing a store keep the same switches.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import replace
@@ -63,7 +64,8 @@ class NodeRegistry:
             return
         try:
             report = NodeReport.from_json(event.value)
-        except (ValueError, TypeError) as exc:
+            pool = json.loads(event.value).get("pool") or "default"  # sidecars add it
+        except (ValueError, TypeError, AttributeError) as exc:
             log.warning("ignoring malformed registry entry for %s: %s", node_id, exc)
             self.metrics.registry_events.labels("malformed").inc()
             return
@@ -77,6 +79,7 @@ class NodeRegistry:
                 node_id=node_id,
                 url=report.url.rstrip("/"),
                 model=report.model or "default",
+                pool=str(pool),
                 engine_type=report.engine_type,
                 kv_capacity_tokens=report.kv_capacity_tokens,
             )

@@ -53,8 +53,7 @@ class Scraper:
             timeout_s=self.timeout_s,
         )
         self.metrics.scrapes.labels(spec.node_id, "stale" if report.stale else "ok").inc()
-        if not report.stale:
-            self._previous[spec.node_id] = report
+        self._previous[spec.node_id] = report  # the adapter carries counters across stale ones
         try:
             self.nodes.apply_report(report)
         except KeyError:  # removed while the scrape was in flight

@@ -1,0 +1,120 @@
+"""Admission configuration (validated at load; errors name the field)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DegradeMode = Literal["low_priority", "async", "economy_pool"]
+FailureMode = Literal["fail-open-local", "fail-closed"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class TenantConfig(_Strict):
+    name: str = Field(min_length=1)
+    api_keys: list[str] = []
+    guaranteed: int = Field(default=0, ge=0, description="tokens always available to the tenant")
+    weight: float = Field(default=1.0, gt=0, description="share of spare capacity")
+    hard_cap: int | None = Field(default=None, ge=1, description="never more than this in flight")
+    priority_min: int = 0
+    priority_max: int = 0
+    default_priority: int | None = None
+    default_class: str = "interactive"
+
+    @model_validator(mode="after")
+    def _ranges(self) -> TenantConfig:
+        if self.priority_min > self.priority_max:
+            raise ValueError("priority_min must be <= priority_max")
+        if self.default_priority is not None and not (
+            self.priority_min <= self.default_priority <= self.priority_max
+        ):
+            raise ValueError("default_priority must lie within priority_min..priority_max")
+        if self.hard_cap is not None and self.hard_cap < self.guaranteed:
+            raise ValueError("hard_cap must be >= guaranteed")
+        return self
+
+
+class QueueConfig(_Strict):
+    default_deadline_s: float = Field(default=30.0, gt=0)
+    class_deadlines_s: dict[str, float] = {}
+    max_queue_tokens: int = Field(default=200_000, ge=0, description="per tenant, 0 = no queue")
+    long_request_reserved_fraction: float = Field(default=0.10, ge=0, lt=1)
+    long_request_threshold_tokens: int = Field(default=2048, ge=1)
+    quantum_tokens: int = Field(default=1024, ge=1, description="DRR quantum per round")
+
+    def deadline_for(self, priority_class: str) -> float:
+        return self.class_deadlines_s.get(priority_class, self.default_deadline_s)
+
+
+class DynamicQuotaConfig(_Strict):
+    interval_s: float = Field(default=25.0, ge=20.0, le=30.0)
+    tighten_above: float = Field(default=0.80, gt=0, le=1)
+    relax_below: float = Field(default=0.50, ge=0, lt=1)
+    step_fraction: float = Field(default=0.10, gt=0, le=1)
+    min_total: int = Field(default=1024, ge=1)
+
+    @model_validator(mode="after")
+    def _order(self) -> DynamicQuotaConfig:
+        if self.relax_below >= self.tighten_above:
+            raise ValueError("relax_below must be < tighten_above")
+        return self
+
+
+class DegradeConfig(_Strict):
+    # priority class → how over-quota work of that class is degraded
+    modes: dict[str, DegradeMode] = {"batch": "async"}
+    economy_pool: str = "economy"
+    over_quota: DegradeMode | None = None  # any class over its share, when set
+
+
+class AdmissionConfig(_Strict):
+    total_quota: int = Field(default=1_000_000, ge=1, description="cluster runtime tokens")
+    absolute_hard_cap: int | None = Field(default=None, ge=1)
+    tenants: list[TenantConfig] = []
+    queue: QueueConfig = Field(default_factory=QueueConfig)
+    dynamic_quota: DynamicQuotaConfig = Field(default_factory=DynamicQuotaConfig)
+    degrade: DegradeConfig = Field(default_factory=DegradeConfig)
+    failure_mode: FailureMode = "fail-open-local"
+    local_share: float = Field(default=0.5, gt=0, le=1, description="of total when store is down")
+    lease_ttl_s: float = Field(default=10.0, gt=0)
+    heartbeat_s: float | None = Field(default=None, gt=0, description="default lease_ttl_s / 3")
+    async_job_ttl_s: float = Field(default=3600.0, gt=0)
+    output_percentile: float = Field(default=0.90, gt=0, le=1)
+    output_window: int = Field(default=512, ge=8)
+    default_tenant: str = "default"
+
+    @model_validator(mode="after")
+    def _check(self) -> AdmissionConfig:
+        names = [t.name for t in self.tenants]
+        for i, name in enumerate(names):
+            if names.index(name) != i:
+                raise ValueError(f"tenants[{i}].name: duplicate tenant {name!r}")
+        seen: dict[str, str] = {}
+        for i, t in enumerate(self.tenants):
+            for key in t.api_keys:
+                if key in seen:
+                    raise ValueError(f"tenants[{i}].api_keys: key already used by {seen[key]!r}")
+                seen[key] = t.name
+        cap = self.absolute_hard_cap
+        if cap is not None and self.total_quota > cap:
+            raise ValueError("total_quota must be <= absolute_hard_cap")
+        guaranteed = sum(t.guaranteed for t in self.tenants)
+        if guaranteed > self.total_quota:
+            raise ValueError(
+                f"tenants: guarantees sum to {guaranteed}, above total_quota {self.total_quota}"
+            )
+        return self
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        return self.heartbeat_s if self.heartbeat_s is not None else self.lease_ttl_s / 3
+
+    def tenant(self, name: str) -> TenantConfig:
+        for t in self.tenants:
+            if t.name == name:
+                return t
+        return TenantConfig(name=name)

@@ -1,0 +1,132 @@
+"""``kvgate engine-sim``: N simulated OpenAI-compatible engines in one process."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+from kvgate.engine.profiles import PROFILES, get_profile
+from kvgate.engine.server import EngineServer
+
+log = logging.getLogger("kvgate.engine")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000, help="port of a single engine")
+    parser.add_argument("--count", type=int, default=1, help="engines to host (default 1)")
+    parser.add_argument(
+        "--base-port",
+        type=int,
+        default=None,
+        help="first port with --count; engine i listens on base+i (0: free ports)",
+    )
+    parser.add_argument("--profile", default="gemma3-270m-cpu", choices=sorted(PROFILES))
+    parser.add_argument(
+        "--time-scale", type=float, default=1.0, help="simulated time runs X times faster"
+    )
+    parser.add_argument("--model", default=None, help="served model name (default: profile's)")
+    parser.add_argument("--kv-blocks", type=int, default=None, help="KV cache blocks (16 tokens)")
+    parser.add_argument("--max-num-seqs", type=int, default=None)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument(
+        "--port-file", default=None, help="write the bound ports here, one a line, when ready"
+    )
+
+
+def _validate(args: argparse.Namespace) -> str | None:
+    if args.count < 1:
+        return "--count must be >= 1"
+    if args.time_scale <= 0:
+        return "--time-scale must be > 0"
+    for name in ("kv_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            return f"--{name.replace('_', '-')} must be >= 1"
+    return None
+
+
+def _ports(args: argparse.Namespace) -> list[int]:
+    if args.base_port is None:
+        if args.count == 1:
+            return [args.port]
+        return [args.port + i for i in range(args.count)]
+    if args.base_port == 0:
+        return [0] * args.count
+    return [args.base_port + i for i in range(args.count)]
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    profile = get_profile(args.profile)
+    servers = [
+        EngineServer(
+            profile,
+            model_name=args.model,
+            engine_index=i,
+            time_scale=args.time_scale,
+            kv_blocks=args.kv_blocks,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=args.max_model_len,
+        )
+        for i in range(args.count)
+    ]
+    runners: list[web.AppRunner] = []
+    bound: list[int] = []
+    try:
+        for server, port in zip(servers, _ports(args), strict=True):
+            runner = web.AppRunner(server.make_app(), access_log=None, handle_signals=False)
+            await runner.setup()
+            runners.append(runner)
+            site = web.TCPSite(runner, args.host, port, reuse_address=True)
+            await site.start()
+            sockets = site._server.sockets if site._server else ()  # type: ignore[union-attr,attr-defined]
+            bound.append(sockets[0].getsockname()[1] if sockets else port)
+        p = servers[0].profile
+        log.info(
+            "engine-sim: %d engine(s) profile=%s model=%s ports=%s kv_blocks=%d time_scale=%g",
+            len(servers), p.name, servers[0].model_name, bound, p.num_gpu_blocks, args.time_scale,
+        )  # fmt: skip
+        if args.port_file:
+            tmp = Path(args.port_file + ".tmp")
+            tmp.write_text("".join(f"{port}\n" for port in bound))
+            os.replace(tmp, args.port_file)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("engine-sim: shutting down")
+    finally:
+        for runner in runners:
+            with contextlib.suppress(Exception):
+                await runner.cleanup()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    error = _validate(args)
+    if error:
+        print(f"kvgate engine-sim: {error}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    try:
+        return asyncio.run(_serve(args))
+    except OSError as exc:
+        print(f"kvgate engine-sim: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,319 @@
+"""EngineCore: the engine model driven by time, with no asyncio inside.
+
+The owner adds requests at a time and calls ``advance_to(t)``; the core runs every step
+that ends by ``t`` and returns the events. A real-time server and the virtual-time
+cluster simulator drive the same object.
+
+Cost is O(events), not O(steps): when a step is a pure decode of the whole running batch
+and nothing can change (no admission, no preemption), the following identical steps are
+run as one *decode run* whose duration has a closed form. The run ends at the first
+finish or when blocks would run out; an arrival or abort cuts it at the step in
+progress. Partial progress of a run is applied on ``advance_to`` so streaming sees
+tokens step by step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+from kvgate.engine.profiles import Profile
+from kvgate.engine.request import EngineEvent, EngineRequest, EventKind, Sequence
+from kvgate.engine.scheduler import Scheduler, StepPlan
+
+_EPS = 1e-12
+
+
+@dataclass(slots=True, frozen=True)
+class EngineStats:
+    running: int
+    waiting: int
+    kv_usage: float
+    num_gpu_blocks: int
+    num_free_blocks: int
+    prefix_cache_queries: int  # tokens
+    prefix_cache_hits: int  # tokens
+    preemptions: int
+    prompt_tokens: int
+    generation_tokens: int
+    finished: int
+    aborted: int
+    steps: int
+
+
+@dataclass(slots=True)
+class _InFlight:
+    plan: StepPlan
+    start: float
+    steps: int  # 1, or the length of a decode run
+    end: float
+    first_end: float
+    batch: int = 0
+    kv0: int = 0
+
+
+class EngineCore:
+    def __init__(
+        self,
+        profile: Profile,
+        *,
+        kv_blocks: int | None = None,
+        max_num_seqs: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        max_model_len: int | None = None,
+        fast_forward: bool = True,
+    ) -> None:
+        self.profile = profile.with_overrides(
+            kv_blocks=kv_blocks,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+        )
+        self.fast_forward = fast_forward
+        self.scheduler = Scheduler(self.profile)
+        self.now = 0.0
+        self._seqs: dict[str, Sequence] = {}
+        self._step: _InFlight | None = None
+        self._pending: list[EngineEvent] = []
+        self._steps = 0
+
+    # ---- requests -------------------------------------------------------------------
+
+    def validate(self, req: EngineRequest) -> None:
+        if req.prompt_tokens < 1:
+            raise ValueError("prompt_tokens must be >= 1")
+        if req.output_tokens < 1:
+            raise ValueError("output_tokens must be >= 1")
+        total = req.prompt_tokens + req.output_tokens
+        if total > self.profile.max_model_len:
+            raise ValueError(
+                f"prompt_tokens + output_tokens = {total} exceeds max_model_len "
+                f"{self.profile.max_model_len}"
+            )
+
+    def add_request(self, req: EngineRequest, now: float) -> None:
+        """Queue a request arriving at ``now`` (steps ending before ``now`` run first)."""
+        self.validate(req)
+        if req.request_id in self._seqs:
+            raise ValueError(f"duplicate request_id {req.request_id!r}")
+        self._pending.extend(self.advance_to(now))
+        seq = Sequence(req=req, arrival=max(now, self.now))
+        self._seqs[req.request_id] = seq
+        self.scheduler.waiting.append(seq)
+        self._cut_decode_run()
+        self._start_step_if_idle()
+
+    def abort(self, request_id: str) -> bool:
+        seq = self._seqs.pop(request_id, None)
+        if seq is None:
+            return False
+        sched = self.scheduler
+        if seq in sched.running:
+            sched.running.remove(seq)
+        else:
+            with contextlib.suppress(ValueError):
+                sched.waiting.remove(seq)
+        sched.remove(seq)
+        sched.counters.aborted += 1
+        self._cut_decode_run()
+        return True
+
+    # ---- time -----------------------------------------------------------------------
+
+    def next_event_time(self) -> float | None:
+        """When the step (or decode run) in flight ends; None when idle."""
+        return self._step.end if self._step else None
+
+    def next_step_time(self) -> float | None:
+        """When the next single step ends (for streaming token by token)."""
+        return self._step.first_end if self._step else None
+
+    def advance_to(self, t: float) -> list[EngineEvent]:
+        events = self._pending
+        self._pending = []
+        while self._step is not None:
+            st = self._step
+            if st.end <= t + _EPS:
+                self._step = None
+                self.now = max(self.now, st.end)
+                self._complete(st, st.steps, events)
+                self._start_step_if_idle()
+                continue
+            if st.steps > 1 and st.first_end <= t + _EPS:
+                done = self._decode_steps_done_by(st, t)
+                self._complete(st, done, events)
+                self._restart_run(st, done)
+            break
+        if t > self.now:
+            self.now = t
+        if self._pending:
+            events.extend(self._pending)
+            self._pending = []
+        return events
+
+    def _decode_steps_done_by(self, st: _InFlight, t: float) -> int:
+        lo, hi = 1, st.steps - 1  # first_end <= t < end
+        rt = self.profile.decode_run_time
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if st.start + rt(st.batch, st.kv0, mid) <= t + _EPS:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _restart_run(self, st: _InFlight, done: int) -> None:
+        rt = self.profile.decode_run_time
+        st.start = st.start + rt(st.batch, st.kv0, done)
+        st.kv0 += done * st.batch
+        st.steps -= done
+        st.first_end = st.start + rt(st.batch, st.kv0, 1)
+        st.end = st.start + rt(st.batch, st.kv0, st.steps)
+        self.now = max(self.now, st.start)
+        # The first step of the remaining run needs its block now, as in a fresh step.
+        kv = self.scheduler.kv
+        for seq, _ in st.plan.scheduled:
+            if not seq.done:
+                kv.allocate(seq.request_id, seq.num_computed + 1)
+
+    def _cut_decode_run(self) -> None:
+        """Composition changes at the next step boundary: end the run at the step in progress."""
+        st = self._step
+        if st is not None and st.steps > 1:
+            st.steps = 1
+            st.end = st.first_end
+
+    def _start_step_if_idle(self) -> None:
+        if self._step is not None or not self.scheduler.has_work():
+            return
+        sched = self.scheduler
+        plan = sched.schedule()
+        start = self.now
+        for seq in plan.preempted:
+            self._pending.append(EngineEvent(EventKind.PREEMPTED, seq.request_id, start))
+        if not plan.scheduled:
+            return
+        prof = self.profile
+        first = prof.step_time(plan.num_tokens, plan.num_seqs, plan.kv_tokens)
+        steps = 1
+        end = start + first
+        if plan.pure_decode and self.fast_forward:
+            remaining = min(s.req.output_tokens - s.num_output for s, _ in plan.scheduled)
+            if remaining > 1:
+                steps = sched.decode_steps_possible(remaining)
+                end = start + prof.decode_run_time(plan.num_seqs, plan.kv_tokens, steps)
+        self._step = _InFlight(
+            plan=plan,
+            start=start,
+            steps=steps,
+            end=end,
+            first_end=start + first,
+            batch=plan.num_seqs,
+            kv0=plan.kv_tokens,
+        )
+
+    def _complete(self, st: _InFlight, steps: int, events: list[EngineEvent]) -> None:
+        """Apply ``steps`` steps of the plan; emit events at the time the last one ends."""
+        self._steps += steps
+        sched = self.scheduler
+        counters = sched.counters
+        kv = sched.kv
+        if steps == st.steps:
+            t_end = st.end
+        else:
+            t_end = st.start + self.profile.decode_run_time(st.batch, st.kv0, steps)
+        if steps > 1:
+            self._allocate_decode_run_blocks(st, steps)
+        finished = False
+        for seq, new in st.plan.scheduled:
+            if seq.done or seq.num_computed + new > seq.num_tokens:
+                continue  # aborted, or preempted after the plan was made
+            seq.num_computed += new if steps == 1 else steps
+            if seq.num_hashed_blocks < len(seq.req.block_hashes):
+                seq.num_hashed_blocks = kv.cache_full_blocks(
+                    seq.request_id, seq.req.block_hashes, seq.num_computed, seq.num_hashed_blocks
+                )
+            if seq.num_computed < seq.num_tokens:
+                continue  # prefill chunk, no token sampled yet
+            produced = steps
+            if seq.num_output == 0:
+                seq.first_token_time = t_end
+                counters.prompt_tokens += seq.req.prompt_tokens
+                events.append(
+                    EngineEvent(
+                        EventKind.FIRST_TOKEN,
+                        seq.request_id,
+                        t_end,
+                        count=1,
+                        cached_tokens=seq.cached_tokens,
+                    )
+                )
+                seq.num_output = 1
+                produced -= 1
+            if produced:
+                seq.num_output += produced
+                events.append(EngineEvent(EventKind.TOKENS, seq.request_id, t_end, count=produced))
+            counters.generation_tokens += steps
+            if seq.num_output >= seq.req.output_tokens:
+                events.append(
+                    EngineEvent(EventKind.FINISHED, seq.request_id, t_end, count=seq.num_output)
+                )
+                sched.remove(seq)
+                self._seqs.pop(seq.request_id, None)
+                counters.finished += 1
+                finished = True
+        if finished:
+            sched.running = [s for s in sched.running if not s.done]
+
+    def _allocate_decode_run_blocks(self, st: _InFlight, steps: int) -> None:
+        """Allocate the blocks of steps 2..steps in the order single steps would."""
+        bs = self.profile.block_size
+        kv = self.scheduler.kv
+        needs: list[tuple[int, int, Sequence]] = []
+        for idx, (seq, _) in enumerate(st.plan.scheduled):
+            if seq.done:
+                continue
+            c = seq.num_computed
+            # Step j computes token c+j-1 and needs a new block when it starts one.
+            j = 2 + (-(c + 1)) % bs
+            while j <= steps:
+                needs.append((j, idx, seq))
+                j += bs
+        needs.sort(key=lambda n: (n[0], n[1]))
+        for j, _, seq in needs:
+            kv.allocate(seq.request_id, seq.num_computed + j)
+
+    # ---- cache and stats ------------------------------------------------------------
+
+    def cached_prefix_tokens(self, block_hashes: Seq[int]) -> int:
+        """Leading prompt tokens cached right now (no side effects)."""
+        return len(self.scheduler.kv.pool.lookup(block_hashes)) * self.profile.block_size
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached block no request is using (like vLLM's /reset_prefix_cache)."""
+        self.scheduler.kv.pool.reset_prefix_cache()
+        return True
+
+    def stats(self) -> EngineStats:
+        sched = self.scheduler
+        c = sched.counters
+        pool = sched.kv.pool
+        return EngineStats(
+            running=len(sched.running),
+            waiting=len(sched.waiting),
+            kv_usage=pool.usage(),
+            num_gpu_blocks=pool.num_blocks,
+            num_free_blocks=pool.num_free,
+            prefix_cache_queries=c.prefix_queries,
+            prefix_cache_hits=c.prefix_hits,
+            preemptions=c.preemptions,
+            prompt_tokens=c.prompt_tokens,
+            generation_tokens=c.generation_tokens,
+            finished=c.finished,
+            aborted=c.aborted,
+            steps=self._steps,
+        )
+
+    def request_state(self, request_id: str) -> Sequence | None:
+        return self._seqs.get(request_id)

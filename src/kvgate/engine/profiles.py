@@ -1,0 +1,202 @@
+"""Hardware/model profiles and the roofline step-time model.
+
+One engine step processes ``num_tokens`` scheduled tokens for ``num_seqs`` sequences whose
+attention reads ``kv_tokens`` cached tokens. Its duration is
+
+    overhead + per_seq * num_seqs
+      + max(2 * params * num_tokens / (peak_flops * mfu),
+            (weight_bytes + kv_tokens * kv_bytes_per_token) / (mem_bw * bw_eff))
+
+The derivation of every number is in docs/engine-model.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from kvgate.tokens import BLOCK_SIZE
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    name: str
+    model: str  # default served model name
+    param_count: float
+    weight_bytes: float
+    kv_bytes_per_token: int
+    peak_flops: float  # FLOP/s, dense BF16, all devices of the replica
+    mfu: float  # achievable fraction of peak on the matmuls
+    mem_bw: float  # bytes/s, all devices of the replica
+    bw_eff: float  # achievable fraction of peak bandwidth
+    overhead_s: float  # fixed per-step cost (launch, scheduling, all-reduce latency)
+    per_seq_s: float  # per-sequence cost per step (sampling, bookkeeping)
+    num_gpu_blocks: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    block_size: int = BLOCK_SIZE
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.num_gpu_blocks * self.block_size
+
+    @property
+    def seconds_per_compute_token(self) -> float:
+        return 2.0 * self.param_count / (self.peak_flops * self.mfu)
+
+    @property
+    def seconds_per_byte(self) -> float:
+        return 1.0 / (self.mem_bw * self.bw_eff)
+
+    def step_time(self, num_tokens: int, num_seqs: int, kv_tokens: int) -> float:
+        """Duration of one step (seconds of simulated time)."""
+        compute = num_tokens * self.seconds_per_compute_token
+        memory = (self.weight_bytes + kv_tokens * self.kv_bytes_per_token) * self.seconds_per_byte
+        return self.overhead_s + self.per_seq_s * num_seqs + max(compute, memory)
+
+    def decode_run_time(self, batch: int, kv_tokens: int, steps: int) -> float:
+        """Total time of ``steps`` consecutive pure-decode steps of ``batch`` sequences.
+
+        Step j reads ``kv_tokens + j * batch`` cached tokens, so the memory term grows
+        linearly; the sum is computed in closed form (no loop over steps).
+        """
+        if steps <= 0:
+            return 0.0
+        fixed = self.overhead_s + self.per_seq_s * batch
+        compute = batch * self.seconds_per_compute_token
+        mem0 = (self.weight_bytes + kv_tokens * self.kv_bytes_per_token) * self.seconds_per_byte
+        slope = batch * self.kv_bytes_per_token * self.seconds_per_byte
+        if slope <= 0.0:
+            return steps * (fixed + max(compute, mem0))
+        # First step index at which memory dominates compute.
+        switch = min(steps, max(0, math.ceil((compute - mem0) / slope)))
+        mem_steps = steps - switch
+        # sum_{j=switch}^{steps-1} (mem0 + j*slope)
+        index_sum = (steps - 1) * steps / 2 - (switch - 1) * switch / 2
+        return steps * fixed + switch * compute + mem_steps * mem0 + slope * index_sum
+
+    def with_overrides(
+        self,
+        *,
+        kv_blocks: int | None = None,
+        max_num_seqs: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        max_model_len: int | None = None,
+        model: str | None = None,
+    ) -> Profile:
+        p = replace(
+            self,
+            num_gpu_blocks=kv_blocks if kv_blocks is not None else self.num_gpu_blocks,
+            max_num_seqs=max_num_seqs if max_num_seqs is not None else self.max_num_seqs,
+            max_num_batched_tokens=(
+                max_num_batched_tokens
+                if max_num_batched_tokens is not None
+                else self.max_num_batched_tokens
+            ),
+            max_model_len=max_model_len if max_model_len is not None else self.max_model_len,
+            model=model if model is not None else self.model,
+        )
+        for field_name in ("num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(p, field_name) < 1:
+                raise ValueError(f"{field_name} must be >= 1")
+        if p.max_model_len < 2:
+            raise ValueError("max_model_len must be >= 2")
+        # Like vLLM, a request must fit in the KV cache on its own; clamp the context.
+        return replace(p, max_model_len=min(p.max_model_len, p.kv_capacity_tokens))
+
+
+def _usable_kv_blocks(
+    total_hbm_bytes: float,
+    utilization: float,
+    weight_bytes: float,
+    reserve_bytes: float,
+    kv_per_token: int,
+) -> int:
+    usable = total_hbm_bytes * utilization - weight_bytes - reserve_bytes
+    return int(usable // (kv_per_token * BLOCK_SIZE))
+
+
+H100_BF16_FLOPS = 989.4e12  # dense BF16, SXM5
+H100_HBM_BW = 3.35e12  # bytes/s, HBM3
+H100_HBM_BYTES = 80 * GIB
+
+LLAMA3_8B_PARAMS = 8.03e9
+LLAMA3_8B_KV = 2 * 32 * 8 * 128 * 2  # K+V * layers * kv heads * head dim * BF16 = 128 KiB
+LLAMA3_70B_PARAMS = 70.6e9
+LLAMA3_70B_KV = 2 * 80 * 8 * 128 * 2  # 320 KiB
+GEMMA3_270M_PARAMS = 268e6
+GEMMA3_270M_KV = 2 * 18 * 1 * 256 * 2  # 18 KiB
+
+_llama8_weights = LLAMA3_8B_PARAMS * 2
+_llama70_weights = LLAMA3_70B_PARAMS * 2
+_gemma_weights = GEMMA3_270M_PARAMS * 2
+
+PROFILES: dict[str, Profile] = {
+    "llama3-8b-h100": Profile(
+        name="llama3-8b-h100",
+        model="meta-llama/Llama-3.1-8B-Instruct",
+        param_count=LLAMA3_8B_PARAMS,
+        weight_bytes=_llama8_weights,
+        kv_bytes_per_token=LLAMA3_8B_KV,
+        peak_flops=H100_BF16_FLOPS,
+        mfu=0.5,
+        mem_bw=H100_HBM_BW,
+        bw_eff=0.8,
+        overhead_s=1.0e-3,
+        per_seq_s=0.0,
+        num_gpu_blocks=_usable_kv_blocks(
+            H100_HBM_BYTES, 0.9, _llama8_weights, 4 * GIB, LLAMA3_8B_KV
+        ),
+        max_num_seqs=256,
+        max_num_batched_tokens=8192,
+        max_model_len=131072,
+    ),
+    "llama3-70b-h100-tp4": Profile(
+        name="llama3-70b-h100-tp4",
+        model="meta-llama/Llama-3.1-70B-Instruct",
+        param_count=LLAMA3_70B_PARAMS,
+        weight_bytes=_llama70_weights,
+        kv_bytes_per_token=LLAMA3_70B_KV,
+        peak_flops=4 * H100_BF16_FLOPS,
+        mfu=0.4,
+        mem_bw=4 * H100_HBM_BW,
+        bw_eff=0.7,
+        overhead_s=3.0e-3,
+        per_seq_s=0.0,
+        num_gpu_blocks=_usable_kv_blocks(
+            4 * H100_HBM_BYTES, 0.9, _llama70_weights, 4 * 4 * GIB, LLAMA3_70B_KV
+        ),
+        max_num_seqs=256,
+        max_num_batched_tokens=8192,
+        max_model_len=131072,
+    ),
+    # Calibrated to llama.cpp on a 2-core x86_64 VM, 1 thread: prefill 3.125 ms/token,
+    # decode 24.4 ms (weights read) + 14.1 ms per sequence per step.
+    "gemma3-270m-cpu": Profile(
+        name="gemma3-270m-cpu",
+        model="google/gemma-3-270m-it",
+        param_count=GEMMA3_270M_PARAMS,
+        weight_bytes=_gemma_weights,
+        kv_bytes_per_token=GEMMA3_270M_KV,
+        peak_flops=2 * GEMMA3_270M_PARAMS / 3.125e-3,
+        mfu=1.0,
+        mem_bw=_gemma_weights / 24.4e-3,
+        bw_eff=1.0,
+        overhead_s=0.0,
+        per_seq_s=14.1e-3,
+        num_gpu_blocks=2048,
+        max_num_seqs=8,
+        max_num_batched_tokens=2048,
+        max_model_len=8192,
+    ),
+}
+
+
+def get_profile(name: str) -> Profile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"profile: unknown name {name!r}; known: {', '.join(PROFILES)}") from None

@@ -1,0 +1,179 @@
+"""``kvgate sidecar``: scrape one engine and report it to the store under a lease."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from kvgate.adapters import ENGINE_TYPES
+from kvgate.sidecar.decision import SaturationPolicy
+from kvgate.sidecar.sidecar import Sidecar, SidecarConfig
+
+log = logging.getLogger("kvgate.sidecar")
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--engine", required=True, metavar="URL", help="engine base URL")
+    parser.add_argument("--engine-type", required=True, choices=ENGINE_TYPES)
+    parser.add_argument("--node-id", required=True, metavar="ID")
+    parser.add_argument(
+        "--store", required=True, metavar="URL", help="redis://… | etcd://… (see kvgate.store)"
+    )
+    parser.add_argument("--interval", type=_positive, default=3.0, help="seconds between scrapes")
+    parser.add_argument(
+        "--lease-ttl", type=_positive, default=None, metavar="S", help="default 3 × interval"
+    )
+    parser.add_argument("--model", default=None, help="default: the engine's /v1/models")
+    parser.add_argument("--pool", default="default", metavar="P")
+    parser.add_argument(
+        "--advertise-url",
+        default=None,
+        metavar="URL",
+        help="URL the gateway uses (default --engine)",
+    )
+    parser.add_argument("--window", type=_positive, default=15.0, help="smoothing window, s")
+    parser.add_argument("--drain-timeout", type=_non_negative, default=60.0, metavar="S")
+    parser.add_argument("--scrape-timeout", type=_positive, default=2.0, metavar="S")
+    parser.add_argument("--metrics-port", type=int, default=None, help="serve /metrics here")
+    parser.add_argument("--metrics-host", default="127.0.0.1")
+    sat = parser.add_argument_group("saturation (backoff) thresholds")
+    sat.add_argument("--waiting-high", type=_non_negative, default=8.0)
+    sat.add_argument("--waiting-low", type=_non_negative, default=2.0)
+    sat.add_argument("--kv-high", type=_non_negative, default=0.95)
+    sat.add_argument("--kv-low", type=_non_negative, default=0.85)
+    sat.add_argument("--preemptions-high", type=_non_negative, default=1.0)
+    sat.add_argument("--recover-hold", type=_non_negative, default=None, metavar="S")
+    parser.add_argument("--log-level", default="info")
+
+
+def build_config(args: argparse.Namespace) -> SidecarConfig:
+    """Raises ValueError naming the offending option."""
+    interval = args.interval
+    recover = args.recover_hold if args.recover_hold is not None else 3 * interval
+    try:
+        policy = SaturationPolicy(
+            waiting_high=args.waiting_high,
+            waiting_low=args.waiting_low,
+            kv_high=args.kv_high,
+            kv_low=args.kv_low,
+            preemptions_high=args.preemptions_high,
+            recover_hold_s=recover,
+            reregister_hold_s=2 * interval,
+            unreachable_after_s=2 * interval,
+        )
+        return SidecarConfig(
+            engine_url=args.engine,
+            engine_type=args.engine_type,
+            node_id=args.node_id,
+            interval_s=interval,
+            lease_ttl_s=args.lease_ttl,
+            model=args.model,
+            pool=args.pool,
+            advertise_url=args.advertise_url,
+            window_s=args.window,
+            drain_timeout_s=args.drain_timeout,
+            scrape_timeout_s=args.scrape_timeout,
+            policy=policy,
+        )
+    except ValueError as exc:
+        raise ValueError(_option_name(str(exc))) from None
+
+
+def _option_name(message: str) -> str:
+    """Turn a field name at the start of a config error into the CLI option name."""
+    field_to_option = {
+        "engine_url": "--engine",
+        "advertise_url": "--advertise-url",
+        "engine_type": "--engine-type",
+        "node_id": "--node-id",
+        "interval_s": "--interval",
+        "lease_ttl_s": "--lease-ttl",
+        "window_s": "--window",
+        "drain_timeout_s": "--drain-timeout",
+        "scrape_timeout_s": "--scrape-timeout",
+        "waiting_low": "--waiting-low",
+        "waiting_high": "--waiting-high",
+        "kv_low": "--kv-low",
+        "kv_high": "--kv-high",
+    }
+    for field_name, option in field_to_option.items():
+        message = message.replace(field_name, option)
+    return message
+
+
+async def _serve_metrics(registry: CollectorRegistry, host: str, port: int) -> Any:
+    from aiohttp import web
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    async def health(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
+
+
+async def _main(config: SidecarConfig, store_url: str, args: argparse.Namespace) -> int:
+    from kvgate.store import open_store  # type: ignore[attr-defined]  # the store layer
+
+    store = open_store(store_url)
+    if asyncio.iscoroutine(store):
+        store = await store
+    registry = CollectorRegistry()
+    sidecar = Sidecar(config, store, registry=registry)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    runner = None
+    if args.metrics_port is not None:
+        runner = await _serve_metrics(registry, args.metrics_host, args.metrics_port)
+    try:
+        await sidecar.run(stop)
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        await store.close()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = build_config(args)
+    except ValueError as exc:
+        print(f"kvgate sidecar: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(_main(config, args.store, args))

@@ -1,0 +1,1 @@
+"""``kvgate status``: a running gateway's nodes, tenants and decisions in the terminal."""

@@ -1,0 +1,43 @@
+"""``kvgate status --gateway URL [--admin-token T] [--json]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from rich.console import Console
+
+from kvgate.status.client import SummaryError, fetch_summary
+from kvgate.status.view import summary_view
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--gateway",
+        default=os.environ.get("KVGATE_GATEWAY", "http://127.0.0.1:8000"),
+        metavar="URL",
+        help="gateway base URL (default $KVGATE_GATEWAY or http://127.0.0.1:8000)",
+    )
+    parser.add_argument(
+        "--admin-token",
+        default=os.environ.get("KVGATE_ADMIN_TOKEN"),
+        help="admin token (default $KVGATE_ADMIN_TOKEN)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the raw summary JSON")
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait (default 5)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        summary = fetch_summary(args.gateway, args.admin_token, timeout_s=args.timeout)
+    except SummaryError as exc:
+        print(f"kvgate status: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        json.dump(summary, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+        return 0
+    Console().print(summary_view(summary))
+    return 0

@@ -4,20 +4,41 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
 
-from tests.fixtures.engines import start_engine_process
+from tests.fixtures.engines import EngineProcess, start_engine_process
 
-FAST = ("--time-scale", "0.01")  # engines run 100x faster than the modelled hardware
+MODEL = "sim"
+TIME_SCALE = 50.0  # simulated time runs 50x faster than the modelled hardware
+
+
+@dataclass
+class Engine:
+    """One engine URL and the process hosting it (shared when started together)."""
+
+    url: str
+    process: EngineProcess
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def stop(self) -> None:
+        self.process.stop()
 
 
 @contextmanager
-def engines(n: int, *extra_args: str) -> Iterator[list[Any]]:
-    started: list[Any] = []
+def engines(n: int, *, separate: bool = True, **kwargs: object) -> Iterator[list[Engine]]:
+    """``n`` engines: one process each (``separate``, so each can be killed) or one for all."""
+    processes: list[EngineProcess] = []
+    options = {"time_scale": TIME_SCALE, "model": MODEL, **kwargs}
     try:
-        for _ in range(n):
-            started.append(start_engine_process(extra_args=[*FAST, *extra_args]))
-        yield started
+        if separate:
+            for _ in range(n):
+                processes.append(start_engine_process(**options))  # type: ignore[arg-type]
+            yield [Engine(p.url, p) for p in processes]
+        else:
+            processes.append(start_engine_process(count=n, **options))  # type: ignore[arg-type]
+            yield [Engine(u, processes[0]) for u in processes[0].urls]
     finally:
-        for engine in started:
-            engine.stop()
+        for p in processes:
+            p.stop()

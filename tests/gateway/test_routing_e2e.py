@@ -63,7 +63,7 @@ def cached(body: dict[str, Any]) -> int:
 
 @pytest.fixture(scope="module")
 def four_engines():
-    with engines(4) as started:
+    with engines(4, separate=False) as started:
         yield started
 
 

@@ -66,7 +66,7 @@ class DynamicQuotaConfig(_Strict):
 
 class DegradeConfig(_Strict):
     # priority class → how over-quota work of that class is degraded
-    modes: dict[str, DegradeMode] = {"batch": "async"}
+    modes: dict[str, DegradeMode] = {}  # e.g. {"batch": "async"}
     economy_pool: str = "economy"
     over_quota: DegradeMode | None = None  # any class over its share, when set
 

@@ -102,7 +102,7 @@ class EngineCore:
         self._seqs[req.request_id] = seq
         self.scheduler.waiting.append(seq)
         self._cut_decode_run()
-        self._start_step_if_idle()
+        self._start_step_if_idle(self._pending)
 
     def abort(self, request_id: str) -> bool:
         seq = self._seqs.pop(request_id, None)
@@ -138,7 +138,7 @@ class EngineCore:
                 self._step = None
                 self.now = max(self.now, st.end)
                 self._complete(st, st.steps, events)
-                self._start_step_if_idle()
+                self._start_step_if_idle(events)
                 continue
             if st.steps > 1 and st.first_end <= t + _EPS:
                 done = self._decode_steps_done_by(st, t)
@@ -184,14 +184,14 @@ class EngineCore:
             st.steps = 1
             st.end = st.first_end
 
-    def _start_step_if_idle(self) -> None:
+    def _start_step_if_idle(self, events: list[EngineEvent]) -> None:
         if self._step is not None or not self.scheduler.has_work():
             return
         sched = self.scheduler
         plan = sched.schedule()
         start = self.now
         for seq in plan.preempted:
-            self._pending.append(EngineEvent(EventKind.PREEMPTED, seq.request_id, start))
+            events.append(EngineEvent(EventKind.PREEMPTED, seq.request_id, start))
         if not plan.scheduled:
             return
         prof = self.profile

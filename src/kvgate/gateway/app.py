@@ -105,9 +105,6 @@ class Gateway:
     def models(self) -> list[str]:
         return sorted({s.model for s in self.specs.values()})
 
-    def _on_registered(self, spec: NodeSpec) -> None:
-        self.specs[spec.node_id] = spec
-
     async def resolve_model(self, url: str, configured: str | None) -> str:
         """The configured model, else the backend's first /v1/models entry, else "default"."""
         if configured:
@@ -171,7 +168,8 @@ class Gateway:
             clock=self.clock,
             metrics=self.metrics,
             sources=self.sources,
-            on_added=self._on_registered,
+            add_node=lambda spec: self.add_node(spec, "registry"),
+            remove_node=self.remove_node,
         )
         self.node_registry.start()
         await self.admission.start()

@@ -42,7 +42,8 @@ class NodeRegistry:
         clock: Clock,
         metrics: GatewayMetrics,
         sources: dict[str, str],
-        on_added: Callable[[NodeSpec], None] | None = None,
+        add_node: Callable[[NodeSpec], None],
+        remove_node: Callable[[str], None],
         retry_s: float = 1.0,
     ) -> None:
         self.store = store
@@ -50,8 +51,9 @@ class NodeRegistry:
         self.flags = flags
         self.clock = clock
         self.metrics = metrics
-        self.sources = sources  # node id → "config" | "admin" | "registry" (shared with the app)
-        self.on_added = on_added
+        self.sources = sources  # node id → "config" | "admin" | "registry" (read only here)
+        self.add_node = add_node  # the gateway's own add/remove keep its tables in step
+        self.remove_node = remove_node
         self.retry_s = retry_s
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -83,12 +85,9 @@ class NodeRegistry:
                 engine_type=report.engine_type,
                 kv_capacity_tokens=report.kv_capacity_tokens,
             )
-            self.nodes.add_node(spec)
-            self.sources[node_id] = "registry"
+            self.add_node(spec)
             self.metrics.registry_events.labels("added").inc()
             log.info("node %s registered via store (%s)", node_id, spec.url)
-            if self.on_added:
-                self.on_added(spec)
         self.nodes.apply_report(report)
         if report.state_hint is not None:
             self.nodes.set_state(node_id, report.state_hint)
@@ -97,8 +96,7 @@ class NodeRegistry:
     def _node_gone(self, node_id: str) -> None:
         source = self.sources.get(node_id)
         if source == "registry":
-            self.nodes.remove_node(node_id)
-            del self.sources[node_id]
+            self.remove_node(node_id)
             self.metrics.registry_events.labels("removed").inc()
             log.info("node %s left the registry (lease expired or deleted)", node_id)
         elif source is not None:

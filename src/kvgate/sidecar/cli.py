@@ -143,11 +143,9 @@ async def _serve_metrics(registry: CollectorRegistry, host: str, port: int) -> A
 
 
 async def _main(config: SidecarConfig, store_url: str, args: argparse.Namespace) -> int:
-    from kvgate.store import open_store  # type: ignore[attr-defined]  # the store layer
+    from kvgate.store import open_store
 
     store = open_store(store_url)
-    if asyncio.iscoroutine(store):
-        store = await store
     registry = CollectorRegistry()
     sidecar = Sidecar(config, store, registry=registry)
     stop = asyncio.Event()

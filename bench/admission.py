@@ -1,0 +1,137 @@
+"""Admission decision cost: decisions/s and p50/p99 decision latency, memory vs Redis.
+
+Starts its own ``redis-server`` on a free loopback port. For each store it runs the same
+bounded workload through one ``AdmissionController``: sequential admit/release pairs
+(latency of one decision, i.e. one ``admit()``) and then ``--concurrency`` tasks doing
+admit → release (throughput per gateway; each counted decision includes its release). The in-process memory store is the baseline
+in the same run; Redis figures are also given as ratios to it.
+
+    .venv/bin/python bench/admission.py --decisions 5000 --concurrency 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.fixtures.servers import RedisServer  # noqa: E402
+
+from kvgate.admission.config import AdmissionConfig  # noqa: E402
+from kvgate.admission.controller import AdmissionController  # noqa: E402
+from kvgate.flags import Flags  # noqa: E402
+from kvgate.store import open_store  # noqa: E402
+from kvgate.types import AdmissionKind, AdmissionRequest  # noqa: E402
+
+CONFIG = {
+    "total_quota": 10_000_000,
+    "tenants": [{"name": f"t{i}", "guaranteed": 100_000, "weight": 1 + i % 3} for i in range(8)],
+}
+_ids = itertools.count()
+
+
+def request(i: int) -> AdmissionRequest:
+    return AdmissionRequest(f"b{next(_ids)}", f"t{i % 8}", "interactive", 200 + i % 50, 128)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def run_store(url: str, decisions: int, concurrency: int) -> dict[str, Any]:
+    store = open_store(url)
+    c = AdmissionController(
+        AdmissionConfig(**CONFIG), store, flags=Flags(), registry=CollectorRegistry()
+    )
+    await c.start()
+    try:
+        for i in range(200):  # warm-up (script load, connection)
+            await c.release(await c.admit(request(i)))
+        latencies: list[float] = []
+        for i in range(decisions):
+            t0 = time.perf_counter()
+            result = await c.admit(request(i))
+            latencies.append(time.perf_counter() - t0)
+            assert result.kind is AdmissionKind.ADMIT, result
+            await c.release(result)
+
+        per_task = max(1, decisions // concurrency)
+
+        async def worker(w: int) -> None:
+            for i in range(per_task):
+                await c.release(await c.admit(request(w * per_task + i)))
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(w) for w in range(concurrency)))
+        elapsed = time.perf_counter() - t0
+        return {
+            "store": url.split("://")[0],
+            "p50_ms": statistics.median(latencies) * 1000,
+            "p99_ms": pct(latencies, 0.99) * 1000,
+            "sequential_decisions_per_s": len(latencies) / sum(latencies),
+            "concurrent_decisions_per_s": per_task * concurrency / elapsed,
+            "concurrency": concurrency,
+        }
+    finally:
+        await c.stop()
+        await store.close()
+
+
+async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows = [await run_store("memory://", args.decisions, args.concurrency)]
+    with tempfile.TemporaryDirectory(prefix="kvgate-bench-redis-") as tmp:
+        server = RedisServer(Path(tmp))
+        server.start()
+        try:
+            rows.append(await run_store(server.url, args.decisions, args.concurrency))
+        finally:
+            server.stop()
+    base = rows[0]
+    for row in rows[1:]:
+        row["p99_vs_memory"] = row["p99_ms"] / base["p99_ms"]
+        row["throughput_vs_memory"] = (
+            row["concurrent_decisions_per_s"] / base["concurrent_decisions_per_s"]
+        )
+    return rows
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--decisions", type=int, default=5000)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--json", action="store_true", help="print JSON rows only")
+    parser.add_argument("--no-uvloop", action="store_true", help="plain asyncio event loop")
+    parsed = parser.parse_args()
+    if parsed.no_uvloop:
+        results = asyncio.run(main(parsed))
+    else:
+        import uvloop  # the loop `kvgate serve` runs on
+
+        results = uvloop.run(main(parsed))
+    if parsed.json:
+        print(json.dumps(results, indent=2))
+    else:
+        print(f"{'store':8} {'p50 ms':>8} {'p99 ms':>8} {'seq dec/s':>10} {'conc dec/s':>11}")
+        for r in results:
+            print(
+                f"{r['store']:8} {r['p50_ms']:8.3f} {r['p99_ms']:8.3f} "
+                f"{r['sequential_decisions_per_s']:10.0f} {r['concurrent_decisions_per_s']:11.0f}"
+            )
+        for r in results[1:]:
+            print(
+                f"{r['store']} vs memory: p99 x{r['p99_vs_memory']:.1f}, "
+                f"throughput x{r['throughput_vs_memory']:.2f}"
+            )

@@ -1,0 +1,64 @@
+"""Prometheus metrics of the admission layer (on a caller-supplied registry)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class AdmissionMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = registry if registry is not None else CollectorRegistry()
+        self.registry = r
+        self.decisions = Counter(
+            "kvgate_admission_decisions",
+            "Admission decisions by tenant, decision and reason",
+            ["tenant", "decision", "reason"],
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "kvgate_admission_queue_depth", "Requests waiting in the queue", ["tenant"], registry=r
+        )
+        self.queue_wait = Histogram(
+            "kvgate_admission_queue_wait_seconds",
+            "Time queued requests waited before admission or timeout",
+            ["tenant", "outcome"],
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60),
+            registry=r,
+        )
+        self.quota_total = Gauge(
+            "kvgate_quota_total_tokens", "Cluster total quota (runtime tokens)", registry=r
+        )
+        self.quota_used = Gauge(
+            "kvgate_quota_used_tokens",
+            "Runtime tokens reserved, all gateways",
+            ["tenant"],
+            registry=r,
+        )
+        self.quota_guaranteed = Gauge(
+            "kvgate_quota_guaranteed_tokens", "Guaranteed quota per tenant", ["tenant"], registry=r
+        )
+        self.watermark = Gauge(
+            "kvgate_quota_watermark_tokens",
+            "max(ledger runtime tokens, engine-reported KV tokens)",
+            registry=r,
+        )
+        self.store_up = Gauge(
+            "kvgate_store_up", "1 when the shared store answers, 0 on local fallback", registry=r
+        )
+        self.release_rate = Gauge(
+            "kvgate_admission_release_rate_tokens_per_second",
+            "Measured release rate (drives Retry-After)",
+            registry=r,
+        )
+        self.reclaimed = Counter(
+            "kvgate_admission_reclaimed_tokens",
+            "Tokens returned from gateways whose lease expired",
+            registry=r,
+        )
+        self.dynamic_adjustments = Counter(
+            "kvgate_dynamic_quota_adjustments",
+            "Dynamic total-quota steps by direction",
+            ["direction"],
+            registry=r,
+        )
+        self.store_up.set(1)

@@ -1,0 +1,77 @@
+"""Guaranteed / elastic / cap math: the one place the quota policy is written.
+
+The store (memory or Redis Lua) only checks a reservation against the limits computed here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from kvgate.admission.config import TenantConfig
+from kvgate.store import ReserveLimits
+
+NO_CAP = 2**50  # exact in Lua's doubles
+
+
+@dataclass(slots=True)
+class TenantQuota:
+    """A tenant's live quota (config, overridden by /kvgate/tenant/<name>/quota)."""
+
+    name: str
+    guaranteed: int
+    weight: float
+    hard_cap: int | None
+
+    @classmethod
+    def from_config(cls, t: TenantConfig) -> TenantQuota:
+        return cls(t.name, t.guaranteed, t.weight, t.hard_cap)
+
+
+def elastic_pool(total: int, quotas: Iterable[TenantQuota]) -> int:
+    """Capacity beyond all guarantees, shared by weight."""
+    return max(0, total - sum(q.guaranteed for q in quotas))
+
+
+def reserve_limits(
+    tenant: TenantQuota,
+    *,
+    total: int,
+    quotas: Mapping[str, TenantQuota],
+    usage: Mapping[str, int],
+    waiting: Iterable[str],
+    short_cap_fraction: float = 1.0,
+) -> ReserveLimits:
+    """Limits for one reservation by ``tenant``.
+
+    ``waiting`` names tenants with queued work. While another tenant waits, a tenant's
+    elastic use is limited to its weighted share of the pool (among tenants using or
+    wanting elastic capacity); otherwise it may borrow the whole pool (work-conserving).
+    ``short_cap_fraction`` < 1 keeps the reserved long-request fraction free.
+    """
+    pool = elastic_pool(total, quotas.values())
+    others_waiting = {w for w in waiting if w != tenant.name}
+    share = pool
+    if others_waiting:
+        contenders = others_waiting | {tenant.name}
+        contenders |= {
+            name
+            for name, used in usage.items()
+            if used > (quotas[name].guaranteed if name in quotas else 0)
+        }
+        weights = sum(quotas[c].weight if c in quotas else 1.0 for c in contenders)
+        share = int(pool * tenant.weight / weights) if weights > 0 else pool
+    cap = tenant.hard_cap if tenant.hard_cap is not None else NO_CAP
+    return ReserveLimits(
+        total=int(total * short_cap_fraction),
+        tenant_cap=cap,
+        guaranteed=tenant.guaranteed,
+        elastic_pool=pool,
+        tenant_elastic_limit=share,
+    )
+
+
+def max_admissible(tenant: TenantQuota, total: int) -> int:
+    """The largest single request this tenant could ever be admitted with."""
+    cap = tenant.hard_cap if tenant.hard_cap is not None else total
+    return min(cap, total)

@@ -1,0 +1,1 @@
+"""``kvgate demo``: simulated engines + gateway + a workload through two policies."""

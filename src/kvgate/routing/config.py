@@ -1,0 +1,99 @@
+"""Routing-layer configuration (validated at load; messages name the field)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+BUILTIN_POLICIES = (
+    "hybrid",
+    "cache_aware",
+    "consistent_hash",
+    "least_load",
+    "least_request",
+    "round_robin",
+    "random",
+)
+
+
+class RouteKeyConfig(BaseModel):
+    """What goes into the route key. User, session and API key never do."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    include_system_prompt: bool = True
+    include_tools: bool = True
+    kb_version_header: str = "X-KB-Version"
+    kb_version: str | None = None  # used when the request carries no header
+
+    @field_validator("kb_version_header")
+    @classmethod
+    def _header_name(cls, value: str) -> str:
+        if not value.strip() or any(c in value for c in " :\r\n"):
+            raise ValueError("route_key.kb_version_header must be a non-empty HTTP header name")
+        return value
+
+
+class RoutingConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    policy: str = "hybrid"
+    # prefix index
+    index_ttl_s: float = Field(120.0, gt=0)
+    index_max_entries: int = Field(1_000_000, ge=1)
+    route_key: RouteKeyConfig = Field(default_factory=RouteKeyConfig)
+    route_key_cache_size: int = Field(4096, ge=1)
+    # consistent hashing with bounded loads
+    home_set_size: int = Field(2, ge=1)
+    virtual_nodes: int = Field(100, ge=1)
+    bounded_load_factor: float = Field(1.25, gt=1.0)
+    # load score: requests + waiting_weight*waiting + tokens/tokens_per_load_unit + kv_weight*kv
+    waiting_weight: float = Field(2.0, ge=0)
+    tokens_per_load_unit: float = Field(4096.0, gt=0)
+    kv_usage_weight: float = Field(4.0, ge=0)
+    # per-request load guard: an affinity candidate is dropped when its load exceeds
+    # load_guard_ratio × (least eligible load) + load_guard_slack, or its KV / queue is full
+    load_guard_ratio: float = Field(1.5, ge=1.0)
+    load_guard_slack: float = Field(2.0, ge=0)
+    load_guard_max_kv_usage: float = Field(0.95, gt=0, le=1.0)
+    load_guard_max_waiting: float = Field(8.0, ge=0)
+    # hybrid scoring weights
+    prefix_weight: float = Field(2.0, ge=0)
+    load_weight: float = Field(1.0, ge=0)
+    cold_boost_weight: float = Field(0.5, ge=0)
+    # node view
+    freshness_s: float = Field(15.0, gt=0)
+    scrape_interval_s: float = 3.0
+    smoothing_window_s: float = Field(15.0, gt=0)
+    warmup_s: float = Field(1800.0, gt=0)
+    backoff_token_threshold: int = Field(2048, ge=0)
+    # hit feedback
+    feedback_shortfall_fraction: float = Field(0.5, gt=0, le=1.0)
+    feedback_demote_after: int = Field(3, ge=1)
+    feedback_ewma_alpha: float = Field(0.2, gt=0, le=1.0)
+    feedback_max_entries: int = Field(100_000, ge=1)
+    # proxy
+    max_retries: int = Field(2, ge=0, le=10)
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        from kvgate.routing.policies import policy_names
+
+        names = policy_names()
+        if value not in names:
+            raise ValueError(f"policy must be one of {', '.join(sorted(names))}; got {value!r}")
+        return value
+
+    @field_validator("scrape_interval_s")
+    @classmethod
+    def _scrape_interval(cls, value: float) -> float:
+        # Production deployments use 2–5 s; sub-second values exist for fast tests.
+        if not 0.05 <= value <= 5.0:
+            raise ValueError("scrape_interval_s must be between 0.05 and 5 seconds (2–5 typical)")
+        return value
+
+    @model_validator(mode="after")
+    def _freshness_covers_scrapes(self) -> RoutingConfig:
+        if self.freshness_s < self.scrape_interval_s:
+            raise ValueError("freshness_s must be at least scrape_interval_s")
+        return self

@@ -1,0 +1,272 @@
+"""The gateway's view of its nodes: specs, smoothed reports, in-flight ledger and states.
+
+State machine::
+
+    healthy ─► backoff (only requests under backoff_token_threshold)
+       ▲    ─► quiescing (no new requests; in-flight ones finish)
+       │    ─► re-register (restart seen: index entries purged, cold boost restarts)
+       └──────── next normal report ◄┘
+    any ─► unreachable (no fresh report within freshness_s) ─► back once a report arrives
+
+States come from the admin API (sticky), sidecar state hints (``NodeReport.state_hint``,
+revert to healthy when the hint goes away) or automatic detection (restart, freshness).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from kvgate.clock import Clock
+from kvgate.report_window import ReportWindow
+from kvgate.routing.cold_boost import cold_boost
+from kvgate.routing.config import RoutingConfig
+from kvgate.types import NodeReport, NodeSpec, NodeState
+
+ROUTABLE = frozenset({NodeState.HEALTHY, NodeState.BACKOFF, NodeState.REREGISTER})
+
+
+class UnknownNode(KeyError):
+    pass
+
+
+@dataclass(slots=True)
+class InFlight:
+    prompt_tokens: int
+    generated_tokens: int = 0
+
+
+@dataclass(slots=True)
+class NodeEntry:
+    spec: NodeSpec
+    view: NodeView
+    base_state: NodeState = NodeState.HEALTHY
+    state_source: str = "auto"  # "auto" | "hint" | "admin"
+    report: NodeReport | None = None  # latest smoothed report
+    window: ReportWindow = field(default_factory=ReportWindow)
+    added_at: float = 0.0
+    registered_at: float = 0.0  # cold boost starts here
+    last_report_at: float | None = None  # clock time of the last non-stale report
+    unreachable_since: float | None = None  # explicit set_state(UNREACHABLE)
+    process_start_time: float | None = None
+    inflight: dict[str, InFlight] = field(default_factory=dict)
+    inflight_tokens: int = 0
+    dispatched_since_report: int = 0
+    load: float = 0.0  # cached load score, recomputed on every change
+
+    @property
+    def node_id(self) -> str:
+        return self.spec.node_id
+
+    @property
+    def inflight_requests(self) -> int:
+        return len(self.inflight)
+
+    @property
+    def state(self) -> NodeState:
+        return self.view.state_of(self.spec.node_id)
+
+    @property
+    def cold_boost(self) -> float:
+        return self.view.cold_boost(self.spec.node_id)
+
+
+class NodeView:
+    def __init__(self, clock: Clock, config: RoutingConfig | None = None) -> None:
+        self.clock = clock
+        self.config = config or RoutingConfig()
+        self._nodes: dict[str, NodeEntry] = {}
+        self._on_reregister: list[Callable[[str], None]] = []
+        self._on_remove: list[Callable[[str], None]] = []
+        self._on_add: list[Callable[[str], None]] = []
+
+    # -- listeners ---------------------------------------------------------------------
+    def subscribe(
+        self,
+        *,
+        on_add: Callable[[str], None] | None = None,
+        on_remove: Callable[[str], None] | None = None,
+        on_reregister: Callable[[str], None] | None = None,
+    ) -> None:
+        if on_add:
+            self._on_add.append(on_add)
+        if on_remove:
+            self._on_remove.append(on_remove)
+        if on_reregister:
+            self._on_reregister.append(on_reregister)
+
+    # -- admin -------------------------------------------------------------------------
+    def add_node(self, spec: NodeSpec) -> NodeEntry:
+        existing = self._nodes.get(spec.node_id)
+        if existing is not None:
+            existing.spec = spec
+            return existing
+        now = self.clock.now()
+        entry = NodeEntry(
+            spec=spec,
+            view=self,
+            window=ReportWindow(self.config.smoothing_window_s),
+            added_at=now,
+            registered_at=now,
+        )
+        self._nodes[spec.node_id] = entry
+        for cb in self._on_add:
+            cb(spec.node_id)
+        return entry
+
+    def remove_node(self, node_id: str) -> None:
+        if self._nodes.pop(node_id, None) is None:
+            return
+        for cb in self._on_remove:
+            cb(node_id)
+
+    def set_state(self, node_id: str, state: NodeState | str, *, source: str = "admin") -> None:
+        entry = self._require(node_id)
+        state = NodeState(state)
+        if source == "admin" and entry.report is not None and entry.report.state_hint == state:
+            source = "hint"  # the registry relaying a sidecar hint, not an operator decision
+        if state == NodeState.REREGISTER:
+            self._reregister(entry)
+            return
+        if state == NodeState.UNREACHABLE:
+            entry.unreachable_since = self.clock.now()
+            return
+        entry.unreachable_since = None
+        entry.base_state = state
+        entry.state_source = "auto" if state == NodeState.HEALTHY else source
+
+    def get(self, node_id: str) -> NodeEntry | None:
+        return self._nodes.get(node_id)
+
+    def __contains__(self, node_id: object) -> bool:
+        return node_id in self._nodes
+
+    def __iter__(self) -> Iterator[NodeEntry]:
+        return iter(list(self._nodes.values()))
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def list(self) -> list[NodeEntry]:
+        return list(self._nodes.values())
+
+    @property
+    def node_ids(self) -> list[str]:
+        return list(self._nodes)
+
+    # -- reports -----------------------------------------------------------------------
+    def apply_report(self, report: NodeReport) -> NodeEntry | None:
+        """Fold one report into the view; reports for unknown nodes are ignored."""
+        entry = self._nodes.get(report.node_id)
+        if entry is None:
+            return None
+        now = self.clock.now()
+        restarted = report.counters_reset or (
+            entry.process_start_time is not None
+            and report.process_start_time is not None
+            and report.process_start_time != entry.process_start_time
+        )
+        if report.process_start_time is not None:
+            entry.process_start_time = report.process_start_time
+        if restarted:
+            self._reregister(entry)
+        elif entry.base_state == NodeState.REREGISTER and not report.stale:
+            entry.base_state, entry.state_source = NodeState.HEALTHY, "auto"
+        entry.report = entry.window.add(report)
+        if not report.stale:
+            entry.last_report_at = now
+            entry.unreachable_since = None
+            entry.dispatched_since_report = 0
+            self._apply_hint(entry, report.state_hint)
+        self._recompute_load(entry)
+        return entry
+
+    def _apply_hint(self, entry: NodeEntry, hint: NodeState | None) -> None:
+        if entry.state_source == "admin":
+            return
+        if hint in (NodeState.BACKOFF, NodeState.QUIESCING):
+            entry.base_state, entry.state_source = hint, "hint"
+        elif hint == NodeState.REREGISTER:
+            self._reregister(entry)
+        elif entry.state_source == "hint":
+            entry.base_state, entry.state_source = NodeState.HEALTHY, "auto"
+
+    def _reregister(self, entry: NodeEntry) -> None:
+        entry.base_state, entry.state_source = NodeState.REREGISTER, "auto"
+        entry.registered_at = self.clock.now()
+        entry.unreachable_since = None
+        entry.window.clear()
+        for cb in self._on_reregister:
+            cb(entry.spec.node_id)
+
+    # -- derived -----------------------------------------------------------------------
+    def _require(self, node_id: str) -> NodeEntry:
+        entry = self._nodes.get(node_id)
+        if entry is None:
+            raise UnknownNode(node_id)
+        return entry
+
+    def is_fresh(self, entry: NodeEntry, now: float) -> bool:
+        if entry.unreachable_since is not None:
+            return False
+        seen = entry.last_report_at if entry.last_report_at is not None else entry.added_at
+        return now - seen <= self.config.freshness_s
+
+    def state_of(self, node_id: str) -> NodeState:
+        entry = self._require(node_id)
+        if not self.is_fresh(entry, self.clock.now()):
+            return NodeState.UNREACHABLE
+        return entry.base_state
+
+    def load(self, node_id: str) -> float:
+        return self._require(node_id).load
+
+    def cold_boost(self, node_id: str) -> float:
+        entry = self._require(node_id)
+        return cold_boost(self.clock.now() - entry.registered_at, self.config.warmup_s)
+
+    def _recompute_load(self, entry: NodeEntry) -> None:
+        cfg = self.config
+        report = entry.report
+        running = report.running if report else 0.0
+        waiting = report.waiting if report else 0.0
+        kv = report.kv_usage if report else 0.0
+        # The ledger makes load rise at dispatch, before the engine's next report shows it.
+        requests = max(running + waiting + entry.dispatched_since_report, entry.inflight_requests)
+        entry.load = (
+            requests
+            + (cfg.waiting_weight - 1.0) * waiting
+            + entry.inflight_tokens / cfg.tokens_per_load_unit
+            + cfg.kv_usage_weight * kv
+        )
+
+    # -- in-flight ledger ----------------------------------------------------------------
+    def on_dispatch(self, node_id: str, request_id: str, prompt_tokens: int) -> None:
+        entry = self._nodes.get(node_id)
+        if entry is None:
+            return
+        previous = entry.inflight.pop(request_id, None)
+        if previous is not None:
+            entry.inflight_tokens -= previous.prompt_tokens + previous.generated_tokens
+        entry.inflight[request_id] = InFlight(prompt_tokens)
+        entry.inflight_tokens += prompt_tokens
+        entry.dispatched_since_report += 1
+        self._recompute_load(entry)
+
+    def on_progress(self, node_id: str, request_id: str, generated_tokens: int) -> None:
+        entry = self._nodes.get(node_id)
+        flight = entry.inflight.get(request_id) if entry else None
+        if entry is None or flight is None:
+            return
+        delta = max(0, generated_tokens - flight.generated_tokens)
+        flight.generated_tokens += delta
+        entry.inflight_tokens += delta
+        self._recompute_load(entry)
+
+    def on_complete(self, node_id: str, request_id: str) -> None:
+        entry = self._nodes.get(node_id)
+        flight = entry.inflight.pop(request_id, None) if entry else None
+        if entry is None or flight is None:
+            return
+        entry.inflight_tokens -= flight.prompt_tokens + flight.generated_tokens
+        self._recompute_load(entry)

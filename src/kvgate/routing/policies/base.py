@@ -1,0 +1,186 @@
+"""The policy interface (llm-d shape): filters → weighted scorers → picker.
+
+A policy is any object with a ``name`` and ``choose(req, ctx) -> RouteDecision``. The
+``RoutingContext`` hands it everything it may read for one decision — the eligible nodes
+(already filtered by state, freshness, pool, backoff size and the caller's exclusions),
+their load scores, prefix-index matches (honouring flags and demotions), the route key's
+consistent-hash home set and cold boosts — so a policy is a few lines of scoring.
+
+Adding a policy (e.g. the simulator's reference ``oracle``)::
+
+    from kvgate.routing.policies import RoutingContext, register_policy
+
+    class Oracle:
+        name = "oracle"
+        def choose(self, req: RouteRequest, ctx: RoutingContext) -> RouteDecision: ...
+
+    register_policy("oracle", Oracle)
+
+Then ``RoutingConfig(policy="oracle")`` validates and ``Router.set_policy("oracle")`` works.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING, Protocol
+
+from kvgate.flags import Flags
+from kvgate.tokens import BLOCK_SIZE
+from kvgate.types import RouteDecision, RouteRequest
+
+if TYPE_CHECKING:
+    from kvgate.routing.config import RoutingConfig
+    from kvgate.routing.consistent_hash import HashRing
+    from kvgate.routing.feedback import HitFeedback
+    from kvgate.routing.node_view import NodeEntry, NodeView
+    from kvgate.routing.prefix_index import PrefixIndex
+
+
+class Policy(Protocol):
+    name: str
+
+    def choose(self, req: RouteRequest, ctx: RoutingContext) -> RouteDecision:
+        """Pick one of ``ctx.eligible``; called only when at least one node is eligible."""
+        ...
+
+
+PolicyFactory = Callable[[], Policy]
+_REGISTRY: dict[str, PolicyFactory] = {}
+
+
+def register_policy(name: str, factory: PolicyFactory) -> None:
+    _REGISTRY[name] = factory
+
+
+def create_policy(name: str) -> Policy:
+    try:
+        factory = _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown routing policy {name!r}; known: {sorted(_REGISTRY)}") from None
+    return factory()
+
+
+def policy_names() -> frozenset[str]:
+    return frozenset(_REGISTRY)
+
+
+def expected_tokens(matched_blocks: int, prompt_tokens: int) -> int:
+    """Cached tokens an engine reuses for a matched prefix (a full hit recomputes the last block)."""
+    usable = max(0, (prompt_tokens - 1) // BLOCK_SIZE)
+    return min(matched_blocks, usable) * BLOCK_SIZE
+
+
+class RoutingContext:
+    """Everything one routing decision may read; built by the Router per request."""
+
+    __slots__ = (
+        "config",
+        "flags",
+        "nodes",
+        "index",
+        "ring",
+        "feedback",
+        "rng",
+        "now",
+        "eligible",
+        "loads",
+        "_matches",
+    )
+
+    def __init__(
+        self,
+        *,
+        config: RoutingConfig,
+        flags: Flags,
+        nodes: NodeView,
+        index: PrefixIndex,
+        ring: HashRing,
+        feedback: HitFeedback,
+        rng: random.Random,
+        now: float,
+        eligible: list[NodeEntry],
+    ) -> None:
+        self.config = config
+        self.flags = flags
+        self.nodes = nodes
+        self.index = index
+        self.ring = ring
+        self.feedback = feedback
+        self.rng = rng
+        self.now = now
+        self.eligible = eligible
+        self.loads = {e.spec.node_id: e.load for e in eligible}
+        self._matches: dict[str, int] | None = None
+
+    @property
+    def node_ids(self) -> list[str]:
+        return list(self.loads)
+
+    def prefix_matches(self, req: RouteRequest) -> dict[str, int]:
+        """Eligible node → expected cached tokens (> 0 only); empty when affinity is off."""
+        if self._matches is not None:
+            return self._matches
+        matches: dict[str, int] = {}
+        if self.flags["cache_affinity"] and req.block_hashes:
+            blocks = self.index.match(req.block_hashes, self.now, self.loads)
+            demotion = self.flags["hit_feedback"]
+            for node_id, n in blocks.items():
+                tokens = expected_tokens(n, req.prompt_tokens)
+                if tokens <= 0:
+                    continue
+                if demotion and self.feedback.is_demoted(node_id, req.route_key):
+                    continue
+                matches[node_id] = tokens
+        self._matches = matches
+        return matches
+
+    def expected_cached(self, req: RouteRequest, node_id: str) -> int:
+        """Cached tokens the index predicts on one node, whatever the flags (for feedback)."""
+        if not req.block_hashes:
+            return 0
+        n = self.index.match(req.block_hashes, self.now, (node_id,)).get(node_id, 0)
+        return expected_tokens(n, req.prompt_tokens)
+
+    def home_set(self, req: RouteRequest, k: int | None = None) -> list[str]:
+        """The route key's bounded-load home set among eligible nodes; [] when hashing is off."""
+        if not self.flags["consistent_hashing"]:
+            return []
+        size = k if k is not None else self.config.home_set_size
+        return self.ring.home_set(req.route_key, size, self.loads, self.loads)
+
+    def boost(self, node_id: str) -> float:
+        if not self.flags["cold_boost"]:
+            return 0.0
+        return self.nodes.cold_boost(node_id)
+
+    def overloaded(self, node_id: str, least_load: float) -> bool:
+        """The per-request load guard: may affinity send this request to ``node_id``?"""
+        cfg = self.config
+        load = self.loads[node_id]
+        if load > cfg.load_guard_ratio * least_load + cfg.load_guard_slack:
+            return True
+        entry = self.nodes.get(node_id)
+        report = entry.report if entry is not None else None
+        if report is None:
+            return False
+        return report.kv_usage >= cfg.load_guard_max_kv_usage or (
+            report.waiting > cfg.load_guard_max_waiting
+        )
+
+    def pick(self, scores: dict[str, float]) -> str:
+        """Highest score; ties broken by lower load, then at random (injected rng)."""
+        best = max(scores.values())
+        top = [n for n, s in scores.items() if s >= best - 1e-9]
+        if len(top) > 1:
+            least = min(self.loads[n] for n in top)
+            top = [n for n in top if self.loads[n] <= least + 1e-9]
+        return top[0] if len(top) == 1 else self.rng.choice(top)
+
+    def least_loaded(self, node_ids: Collection[str] | None = None) -> str:
+        """Least load, less the cold boost (so new nodes warm up); ties at random."""
+        ids = list(node_ids) if node_ids is not None else list(self.loads)
+        weight = self.config.cold_boost_weight
+        return self.pick({n: -(self.loads[n]) + weight * self.boost(n) for n in ids})
+
+

@@ -1,0 +1,218 @@
+"""AdmissionCore decisions, driven synchronously in virtual time (ManualClock + MemoryStore)."""
+
+from __future__ import annotations
+
+from kvgate.clock import run_now
+from kvgate.types import AdmissionKind
+from tests.admission.helpers import admit, make_core, release, request
+
+TWO_TENANTS = {
+    "total_quota": 1000,
+    "tenants": [
+        {"name": "a", "guaranteed": 400, "weight": 1},
+        {"name": "b", "guaranteed": 200, "weight": 1, "hard_cap": 600},
+    ],
+}
+
+
+def test_admit_within_guarantee_then_elastic_then_queue() -> None:
+    core, clock = make_core(**TWO_TENANTS)
+    first = admit(core, clock, request("a", 200, 200))
+    assert (first.kind, first.reason, first.reserved_tokens) == (
+        AdmissionKind.ADMIT,
+        "within_guarantee",
+        400,
+    )
+    second = admit(core, clock, request("a", 200, 200))
+    assert (second.kind, second.reason) == (AdmissionKind.ADMIT, "elastic")
+    # a's elastic use (400) is the whole pool: b still has its guarantee
+    assert admit(core, clock, request("a", 50, 50)).kind is AdmissionKind.QUEUE
+    b = admit(core, clock, request("b", 100, 100))
+    assert (b.kind, b.reason) == (AdmissionKind.ADMIT, "within_guarantee")
+    assert core.snapshot()["used"] == 1000
+
+
+def test_hard_cap_and_oversized_requests() -> None:
+    core, clock = make_core(**TWO_TENANTS)
+    too_big = admit(core, clock, request("b", 500, 200))
+    assert (too_big.kind, too_big.status, too_big.reason) == (
+        AdmissionKind.REJECT,
+        413,
+        "too_large",
+    )
+    assert admit(core, clock, request("b", 300, 200)).kind is AdmissionKind.ADMIT
+    queued = admit(core, clock, request("b", 100, 100))
+    assert (queued.kind, queued.reason) == (AdmissionKind.QUEUE, "tenant_cap")
+
+
+def test_queued_request_admitted_when_capacity_frees() -> None:
+    core, clock = make_core(total_quota=500)
+    held = admit(core, clock, request(prompt=200, max_tokens=200))
+    queued = admit(core, clock, request(prompt=200, max_tokens=200))
+    assert queued.kind is AdmissionKind.QUEUE
+    clock.advance(3.0)
+    admitted = release(core, clock, held)
+    assert [i is queued.ticket for i in admitted] == [True]
+    outcome = queued.ticket.outcome
+    assert outcome.kind is AdmissionKind.ADMIT and outcome.queued_seconds == 3.0
+    assert core.snapshot()["used"] == 400
+
+
+def test_deadline_is_honoured_exactly() -> None:
+    core, clock = make_core(
+        total_quota=500, queue={"default_deadline_s": 30, "class_deadlines_s": {"batch": 5}}
+    )
+    admit(core, clock, request(prompt=400, max_tokens=100))
+    interactive = admit(core, clock, request(prompt=100, max_tokens=100))
+    batch = admit(core, clock, request(prompt=100, max_tokens=100, priority_class="batch"))
+    assert core.next_deadline() == 5.0
+    clock.set(4.999)
+    assert core.expire(clock.now()) == []
+    clock.set(5.0)
+    expired = core.expire(clock.now())
+    assert expired == [batch.ticket]
+    assert (expired[0].outcome.status, expired[0].outcome.reason) == (408, "deadline")
+    clock.set(29.999)
+    assert core.expire(clock.now()) == []
+    clock.set(30.0)
+    [late] = core.expire(clock.now())
+    assert late is interactive.ticket and late.outcome.queued_seconds == 30.0
+    assert core.decision_counts["reject"]["deadline"] == 2
+
+
+def test_full_queue_rejects_with_retry_after_from_release_rate() -> None:
+    core, clock = make_core(total_quota=1000, queue={"max_queue_tokens": 400})
+    # measured release rate: 400 tokens over 2 s
+    for r in [admit(core, clock, request(prompt=100, max_tokens=100)) for _ in range(2)]:
+        clock.advance(1.0)
+        release(core, clock, r)
+    assert core.release_rate(clock.now()) == 200.0
+    running = [admit(core, clock, request(prompt=100, max_tokens=100)) for _ in range(5)]
+    assert all(r.kind is AdmissionKind.ADMIT for r in running)
+    assert admit(core, clock, request(prompt=100, max_tokens=100)).kind is AdmissionKind.QUEUE
+    assert admit(core, clock, request(prompt=100, max_tokens=100)).kind is AdmissionKind.QUEUE
+    rejected = admit(core, clock, request(prompt=100, max_tokens=100))
+    assert (rejected.kind, rejected.status, rejected.reason) == (
+        AdmissionKind.REJECT,
+        429,
+        "queue_full",
+    )
+    # (400 queued + 200 of its own) at 200 tokens/s
+    assert rejected.retry_after_s == 3.0
+
+
+def test_drr_gives_long_requests_their_share_under_a_short_flood() -> None:
+    core, clock = make_core(
+        total_quota=10_000,
+        queue={
+            "long_request_threshold_tokens": 2000,
+            "long_request_reserved_fraction": 0.1,
+            "max_queue_tokens": 10**9,
+            "default_deadline_s": 10**6,
+        },
+    )
+    active = [admit(core, clock, request(prompt=50, max_tokens=50)) for _ in range(100)]
+    assert all(r.kind is AdmissionKind.ADMIT for r in active)
+    longs = [admit(core, clock, request(prompt=2500, max_tokens=500)) for _ in range(5)]
+    assert all(r.kind is AdmissionKind.QUEUE for r in longs)
+    completed_long = 0
+    # flood: each step one request finishes and ten new short ones arrive
+    for _step in range(3000):
+        clock.advance(0.01)
+        done = active.pop(0)
+        for item in release(core, clock, done):
+            active.append(item.outcome)
+            completed_long += item.is_long
+        for _ in range(3):
+            r = admit(core, clock, request(prompt=50, max_tokens=50))
+            if r.kind is AdmissionKind.ADMIT:
+                active.append(r)
+        if completed_long == len(longs):
+            break
+    assert completed_long == len(longs), f"only {completed_long} long requests admitted"
+    assert core.snapshot()["used"] <= 10_000
+
+
+def test_guarantee_holds_while_another_tenant_floods() -> None:
+    core, clock = make_core(**TWO_TENANTS)
+    flood = []
+    for _ in range(20):
+        r = admit(core, clock, request("a", 50, 50))
+        if r.kind is AdmissionKind.ADMIT:
+            flood.append(r)
+    assert sum(r.reserved_tokens for r in flood) == 800  # guarantee 400 + the pool 400
+    got = admit(core, clock, request("b", 100, 100))
+    assert (got.kind, got.reason) == (AdmissionKind.ADMIT, "within_guarantee")
+
+
+def test_degrade_modes_by_class_and_flag() -> None:
+    config = {
+        "total_quota": 300,
+        "degrade": {"modes": {"batch": "economy_pool"}, "over_quota": "low_priority"},
+    }
+    core, clock = make_core(**config)
+    admit(core, clock, request(prompt=200, max_tokens=100))
+    batch = admit(core, clock, request(prompt=10, max_tokens=10, priority_class="batch"))
+    assert (batch.kind, batch.degrade_to) == (AdmissionKind.DEGRADE, "economy_pool")
+    assert "degrade=economy_pool" in batch.header()
+    other = admit(core, clock, request(prompt=10, max_tokens=10))
+    assert other.degrade_to == "low_priority"
+    core_off, clock_off = make_core(flags={"degrade": False}, **config)
+    admit(core_off, clock_off, request(prompt=200, max_tokens=100))
+    assert admit(core_off, clock_off, request(priority_class="batch")).kind is AdmissionKind.QUEUE
+
+
+def test_admission_flag_off_admits_everything() -> None:
+    core, clock = make_core(flags={"admission": False}, total_quota=10)
+    result = admit(core, clock, request(prompt=10_000, max_tokens=10_000))
+    assert (result.kind, result.reason) == (AdmissionKind.ADMIT, "admission_off")
+    release(core, clock, result)
+
+
+def test_progress_grows_the_reservation_and_release_frees_it() -> None:
+    core, clock = make_core(total_quota=1000)
+    result = admit(core, clock, request(prompt=100, max_tokens=50))
+    assert result.reserved_tokens == 150
+    run_now(core.progress(result, 40))
+    assert core.snapshot()["used"] == 150
+    run_now(core.progress(result, 80))  # the engine went past max_tokens' estimate
+    assert core.snapshot()["used"] == 180
+    release(core, clock, result)
+    release(core, clock, result)  # a second release is a no-op
+    assert core.snapshot()["used"] == 0
+    assert run_now(core.store.usage()) == {}
+
+
+def test_output_estimate_learns_the_tenant_percentile() -> None:
+    core, clock = make_core(total_quota=100_000)
+    for _ in range(50):
+        r = admit(core, clock, request("t", prompt=10, max_tokens=1000))
+        run_now(core.progress(r, 100))
+        release(core, clock, r)
+    learned = admit(core, clock, request("t", prompt=10, max_tokens=1000))
+    assert learned.reserved_tokens == 110
+    assert admit(core, clock, request("t", prompt=10, max_tokens=20)).reserved_tokens == 30
+    assert admit(core, clock, request("new", prompt=10, max_tokens=1000)).reserved_tokens == 1010
+
+
+def test_watermark_is_the_larger_of_ledger_and_engine_usage() -> None:
+    core, clock = make_core(total_quota=1000)
+    reported: list[int | None] = [None]
+    core.ledger.engine_usage = lambda: reported[0]
+    r = admit(core, clock, request(prompt=100, max_tokens=100))
+    assert core.ledger.watermark() == 100  # held = prompt + generated
+    reported[0] = 700
+    assert core.ledger.watermark() == 700
+    release(core, clock, r)
+
+
+def test_store_quota_values_apply() -> None:
+    core, _clock = make_core(**TWO_TENANTS)
+    assert core.apply_store_value("/kvgate/global/quota/total", "2000")
+    assert core.total == 2000
+    assert core.apply_store_value(
+        "/kvgate/tenant/b/quota", '{"guaranteed": 300, "weight": 2, "hard_cap": 900}'
+    )
+    q = core.quota_for("b")
+    assert (q.guaranteed, q.weight, q.hard_cap) == (300, 2.0, 900)
+    assert not core.apply_store_value("/kvgate/tenant/b/quota", "not json")

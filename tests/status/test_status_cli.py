@@ -1,0 +1,100 @@
+"""``kvgate status`` against a real gateway with real simulated engines."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from tests.fixtures.engines import start_engine_process
+from tests.fixtures.gateway import GatewayProcess, start_gateway_process
+
+ADMIN_TOKEN = "status-admin-token"
+TENANTS = [
+    {"name": "gold", "api_keys": ["k-gold"], "guaranteed": 6000, "weight": 2, "hard_cap": 12000},
+    {"name": "bronze", "api_keys": ["k-bronze"], "guaranteed": 1000, "weight": 1},
+]
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[GatewayProcess]:
+    engines = start_engine_process(count=2, time_scale=50.0, model="sim")
+    try:
+        config = {
+            "nodes": [{"id": f"sim-{i}", "url": url} for i, url in enumerate(engines.urls)],
+            "admission": {"total_quota": 20000, "tenants": TENANTS},
+            "auth": {"admin_token": ADMIN_TOKEN},
+        }
+        gw = start_gateway_process(config=config)
+        try:
+            _chat(gw.url, "k-gold")
+            yield gw
+        finally:
+            gw.stop()
+    finally:
+        engines.stop()
+
+
+def _chat(url: str, api_key: str) -> None:
+    body = {"model": "sim", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    request = urllib.request.Request(
+        url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 200
+
+
+def _status(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvgate", "status", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+def test_table_shows_every_node_and_tenant(gateway: GatewayProcess) -> None:
+    result = _status("--gateway", gateway.url, "--admin-token", ADMIN_TOKEN)
+    assert result.returncode == 0, result.stderr
+    for name in ("sim-0", "sim-1", "gold", "bronze", "Nodes", "Tenants", "Decisions"):
+        assert name in result.stdout
+    assert "healthy" in result.stdout or "re-register" in result.stdout
+
+
+def test_json_is_the_admin_summary(gateway: GatewayProcess) -> None:
+    result = _status("--gateway", gateway.url, "--admin-token", ADMIN_TOKEN, "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert sorted(n["node_id"] for n in summary["nodes"]) == ["sim-0", "sim-1"]
+    assert {t["name"] for t in summary["tenants"]} >= {"gold", "bronze"}
+    assert summary["gateway"]["auth_enabled"] is True
+    assert summary["admission"]["decisions_total"].get("admit", 0) >= 1
+
+
+def test_refused_token_exits_non_zero_with_a_clear_message(gateway: GatewayProcess) -> None:
+    result = _status("--gateway", gateway.url, "--admin-token", "wrong")
+    assert result.returncode == 1
+    assert "admin token refused" in result.stderr
+    assert result.stdout == ""
+    missing = _status("--gateway", gateway.url)
+    assert missing.returncode == 1
+    assert "pass --admin-token" in missing.stderr
+
+
+def test_unreachable_gateway_exits_non_zero() -> None:
+    with socket.socket() as s:  # a port that was free a moment ago and has no listener
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = _status("--gateway", f"http://127.0.0.1:{port}", "--timeout", "2")
+    assert result.returncode == 1
+    assert "gateway unreachable" in result.stderr
+    assert str(port) in result.stderr

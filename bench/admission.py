@@ -77,12 +77,27 @@ async def run_store(url: str, decisions: int, concurrency: int) -> dict[str, Any
         t0 = time.perf_counter()
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
         elapsed = time.perf_counter() - t0
+
+        held: list[Any] = []
+
+        async def admit_only(w: int) -> None:
+            for i in range(per_task):
+                held.append(await c.admit(request(w * per_task + i)))
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(admit_only(w) for w in range(concurrency)))
+        admit_elapsed = time.perf_counter() - t0
+        assert all(r.kind is AdmissionKind.ADMIT for r in held)
+        for r in held:
+            await c.release(r)
+        assert c.snapshot()["used"] == 0
         return {
             "store": url.split("://")[0],
             "p50_ms": statistics.median(latencies) * 1000,
             "p99_ms": pct(latencies, 0.99) * 1000,
             "sequential_decisions_per_s": len(latencies) / sum(latencies),
             "concurrent_decisions_per_s": per_task * concurrency / elapsed,
+            "concurrent_admits_only_per_s": per_task * concurrency / admit_elapsed,
             "concurrency": concurrency,
         }
     finally:
@@ -124,11 +139,15 @@ if __name__ == "__main__":
     if parsed.json:
         print(json.dumps(results, indent=2))
     else:
-        print(f"{'store':8} {'p50 ms':>8} {'p99 ms':>8} {'seq dec/s':>10} {'conc dec/s':>11}")
+        print(
+            f"{'store':8} {'p50 ms':>8} {'p99 ms':>8} {'seq dec/s':>10} "
+            f"{'conc admit+release/s':>21} {'conc admits/s':>14}"
+        )
         for r in results:
             print(
                 f"{r['store']:8} {r['p50_ms']:8.3f} {r['p99_ms']:8.3f} "
-                f"{r['sequential_decisions_per_s']:10.0f} {r['concurrent_decisions_per_s']:11.0f}"
+                f"{r['sequential_decisions_per_s']:10.0f} {r['concurrent_decisions_per_s']:21.0f} "
+                f"{r['concurrent_admits_only_per_s']:14.0f}"
             )
         for r in results[1:]:
             print(

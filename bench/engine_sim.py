@@ -119,10 +119,10 @@ def run_http(args: argparse.Namespace, baseline: bool) -> dict[str, float]:
             "rps_per_core": ok / cpu if cpu else 0.0}  # fmt: skip
 
 
-def run_model(n_requests: int) -> dict[str, float]:
+def run_model(n_requests: int, token_events: bool) -> dict[str, float]:
     """One engine in virtual time: Poisson arrivals near saturation, shared prefixes."""
     profile = get_profile("llama3-8b-h100")
-    core = EngineCore(profile)
+    core = EngineCore(profile, token_events=token_events)
     rng = random.Random(7)
     prefixes = [[rng.getrandbits(64) for _ in range(64)] for _ in range(16)]
     t = 0.0
@@ -152,12 +152,14 @@ def main() -> int:
     parser.add_argument("--model-requests", type=int, default=50_000)
     args = parser.parse_args()
     print(f"machine: {os.cpu_count()} CPUs, python {sys.version.split()[0]}")
-    model = run_model(args.model_requests)
-    print(
-        f"model: {model['requests']} requests, {model['steps']} steps, {model['events']} events, "
-        f"{model['cpu_s']:.2f} s CPU = {model['us_per_request']:.1f} us/request "
-        f"-> 1M requests ~ {model['projected_1m_s']:.0f} s CPU"
-    )
+    for token_events in (True, False):
+        model = run_model(args.model_requests, token_events)
+        print(
+            f"model (token_events={token_events}): {model['requests']} requests, "
+            f"{model['steps']} steps, {model['events']} events, {model['cpu_s']:.2f} s CPU = "
+            f"{model['us_per_request']:.1f} us/request -> 1M requests ~ "
+            f"{model['projected_1m_s']:.0f} s CPU"
+        )
     base = run_http(args, baseline=True)
     sim = run_http(args, baseline=False)
     for name, r in (("baseline aiohttp", base), (f"engine-sim x{args.engines}", sim)):

@@ -14,11 +14,8 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -28,6 +25,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.fixtures.engines import start_engine_process  # noqa: E402
 from tests.fixtures.gateway import start_gateway_process  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -36,45 +34,6 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_engine(extra: list[str]) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    log_path = Path(tempfile.mkdtemp(prefix="kvgate-bench-")) / "engine.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "kvgate",
-                "engine-sim",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                *extra,
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"engine exited: {log_path.read_text()}")
-        try:
-            with urllib.request.urlopen(url + "/v1/models", timeout=1):
-                return proc, url
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise TimeoutError("engine did not start")
 
 
 async def run_load(url: str, model: str, n: int, concurrency: int, max_tokens: int) -> list[float]:
@@ -123,10 +82,10 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=4)
     parser.add_argument("--engine-url", help="use this running engine instead of starting one")
     parser.add_argument(
-        "--engine-arg",
-        action="append",
-        default=[],
-        help="extra argument for kvgate engine-sim (repeatable)",
+        "--time-scale",
+        type=float,
+        default=1000.0,
+        help="engine-sim time scale (high: the simulated engine adds little latency)",
     )
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
@@ -135,7 +94,8 @@ def main() -> int:
     if args.engine_url:
         engine_url = args.engine_url.rstrip("/")
     else:
-        engine_proc, engine_url = start_engine(args.engine_arg)
+        engine_proc = start_engine_process(time_scale=args.time_scale)
+        engine_url = engine_proc.url
     gateway = start_gateway_process(backends=[engine_url], extra_args=["--log-level", "warning"])
     results = []
     try:
@@ -165,8 +125,7 @@ def main() -> int:
     finally:
         gateway.stop()
         if engine_proc is not None:
-            engine_proc.terminate()
-            engine_proc.wait(timeout=10)
+            engine_proc.stop()
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from kvgate.clock import run_now
+from kvgate.admission.config import AdmissionConfig
+from kvgate.admission.core import AdmissionCore
+from kvgate.clock import ManualClock, run_now
+from kvgate.store.base import StoreUnavailable
+from kvgate.store.memory import MemoryStore
 from kvgate.types import AdmissionKind
 from tests.admission.helpers import admit, make_core, release, request
 
@@ -102,8 +106,10 @@ def test_full_queue_rejects_with_retry_after_from_release_rate() -> None:
 
 
 def test_drr_gives_long_requests_their_share_under_a_short_flood() -> None:
+    # the flooding tenant has 9x the weight: its share alone would fill the cluster
     core, clock = make_core(
         total_quota=10_000,
+        tenants=[{"name": "short", "weight": 9}, {"name": "long", "weight": 1}],
         queue={
             "long_request_threshold_tokens": 2000,
             "long_request_reserved_fraction": 0.1,
@@ -111,12 +117,12 @@ def test_drr_gives_long_requests_their_share_under_a_short_flood() -> None:
             "default_deadline_s": 10**6,
         },
     )
-    active = [admit(core, clock, request(prompt=50, max_tokens=50)) for _ in range(100)]
+    active = [admit(core, clock, request("short", prompt=50, max_tokens=50)) for _ in range(100)]
     assert all(r.kind is AdmissionKind.ADMIT for r in active)
-    longs = [admit(core, clock, request(prompt=2500, max_tokens=500)) for _ in range(5)]
+    longs = [admit(core, clock, request("long", prompt=2500, max_tokens=500)) for _ in range(5)]
     assert all(r.kind is AdmissionKind.QUEUE for r in longs)
     completed_long = 0
-    # flood: each step one request finishes and ten new short ones arrive
+    # flood: each step one request finishes and three new short ones arrive
     for _step in range(3000):
         clock.advance(0.01)
         done = active.pop(0)
@@ -124,7 +130,7 @@ def test_drr_gives_long_requests_their_share_under_a_short_flood() -> None:
             active.append(item.outcome)
             completed_long += item.is_long
         for _ in range(3):
-            r = admit(core, clock, request(prompt=50, max_tokens=50))
+            r = admit(core, clock, request("short", prompt=50, max_tokens=50))
             if r.kind is AdmissionKind.ADMIT:
                 active.append(r)
         if completed_long == len(longs):
@@ -216,3 +222,54 @@ def test_store_quota_values_apply() -> None:
     q = core.quota_for("b")
     assert (q.guaranteed, q.weight, q.hard_cap) == (300, 2.0, 900)
     assert not core.apply_store_value("/kvgate/tenant/b/quota", "not json")
+
+
+class _FlakyStore(MemoryStore):
+    """A MemoryStore whose server "goes away" on demand (a partition, data kept)."""
+
+    down = False
+
+    async def release(self, gateway_id: str, tenant: str, tokens: int) -> None:
+        if self.down:
+            raise StoreUnavailable("partitioned")
+        await super().release(gateway_id, tenant, tokens)
+
+    async def heartbeat(self, gateway_id: str, ttl_s: float) -> None:
+        if self.down:
+            raise StoreUnavailable("partitioned")
+        await super().heartbeat(gateway_id, ttl_s)
+
+
+def test_releases_missed_during_a_partition_are_replayed_on_recovery() -> None:
+    clock = ManualClock()
+    store = _FlakyStore(clock)
+    core = AdmissionCore(AdmissionConfig(total_quota=1000), store, gateway_id="gw")
+    run_now(core.refresh(10))
+    held = admit(core, clock, request(prompt=100, max_tokens=100))
+    store.down = True
+    release(core, clock, held)
+    assert not core.store_up
+    assert run_now(store.usage()) == {"default": 200}  # the store never heard
+    store.down = False
+    clock.advance(1)
+    run_now(core.refresh(10))
+    assert core.store_up
+    assert run_now(store.usage()) == {}
+
+
+def test_missed_releases_are_dropped_when_the_lease_is_gone() -> None:
+    clock = ManualClock()
+    store = _FlakyStore(clock)
+    core = AdmissionCore(AdmissionConfig(total_quota=1000), store, gateway_id="gw")
+    run_now(core.refresh(2))
+    lost = admit(core, clock, request(prompt=100, max_tokens=100))
+    store.down = True
+    release(core, clock, lost)
+    clock.advance(5)  # our lease expired: the tokens were reclaimed by a reap
+    assert run_now(store.reap()) == 200
+    store.down = False
+    other = AdmissionCore(AdmissionConfig(total_quota=1000), store, gateway_id="gw")
+    kept = admit(other, clock, request(prompt=100, max_tokens=100))  # same id, new holding
+    run_now(core.refresh(2))
+    assert run_now(store.usage()) == {"default": 200}  # the stale release was not replayed
+    release(other, clock, kept)

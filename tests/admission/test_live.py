@@ -274,3 +274,28 @@ async def test_fail_closed_rejects_with_503_when_the_store_is_down(controllers) 
         "store_unavailable",
     )
     assert c.snapshot()["store"]["up"] is False
+
+
+async def test_decisions_queue_and_quota_are_exported_as_metrics(controllers) -> None:
+    from prometheus_client import generate_latest
+
+    c = controllers(
+        {"total_quota": 300, "tenants": [{"name": "a", "guaranteed": 100}]}, "memory://"
+    )
+    await c.start()
+    held = await c.admit(req("a", 200, 100))
+    waiting = asyncio.create_task(c.admit(req("a", 50, 50)))
+    await asyncio.sleep(0.05)
+    await c.core.refresh(c.config.lease_ttl_s)
+    text = generate_latest(c.metrics.registry).decode()
+    assert (
+        'kvgate_admission_decisions_total{decision="admit",reason="elastic",tenant="a"} 1.0' in text
+    )
+    assert 'kvgate_admission_queue_depth{tenant="a"} 1.0' in text
+    assert 'kvgate_quota_used_tokens{tenant="a"} 300.0' in text
+    assert "kvgate_quota_total_tokens 300.0" in text
+    assert "kvgate_store_up 1.0" in text
+    await c.release(held)
+    await c.release(await waiting)
+    text = generate_latest(c.metrics.registry).decode()
+    assert 'kvgate_admission_queue_wait_seconds_count{outcome="admitted",tenant="a"} 1.0' in text

@@ -269,3 +269,12 @@ def test_profiles_are_derived_and_named() -> None:
         assert p.decode_run_time(8, 4000, 30) == pytest.approx(total)
     with pytest.raises(ValueError, match="unknown"):
         get_profile("nope")
+
+
+def test_events_of_steps_run_inside_add_request_are_not_lost() -> None:
+    core = EngineCore(GEMMA)
+    core.add_request(req("a", 20, 2), 0.0)
+    core.add_request(req("b", 20, 2), 50.0)  # a finished long before; nobody advanced
+    events = core.advance_to(50.0) + drain(core)
+    finished = [e.request_id for e in events if e.kind is EventKind.FINISHED]
+    assert finished == ["a", "b"]

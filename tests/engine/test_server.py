@@ -271,11 +271,21 @@ def test_preemption_is_counted_when_blocks_run_out(
     assert metric_value(eng.url, "vllm:num_requests_running") == 0
 
 
-def test_sigterm_exits_cleanly() -> None:
-    eng = start_engine_process()
+def test_sigterm_exits_cleanly_and_ends_inflight_streams() -> None:
+    eng = start_engine_process(time_scale=1.0)
     try:
-        eng.process.send_signal(signal.SIGTERM)
-        assert eng.process.wait(timeout=10) == 0
+        body = {"prompt": "x", "max_tokens": 5000, "ignore_eos": True, "stream": True}
+        request = urllib.request.Request(
+            eng.url + "/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            assert resp.readline().startswith(b"data: ")
+            eng.process.send_signal(signal.SIGTERM)
+            rest = resp.read().decode()
+        assert "engine shutting down" in rest and rest.endswith("data: [DONE]\n\n")
+        assert eng.process.wait(timeout=15) == 0
     except subprocess.TimeoutExpired:
         eng.kill()
         raise

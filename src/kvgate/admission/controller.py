@@ -63,11 +63,14 @@ class AdmissionController:
         self.clock: Clock = clock or SystemClock()
         self.metrics = AdmissionMetrics(registry)
         self.gateway_id = gateway_id or default_gateway_id()
+        # reservations are held per controller instance: two replicas configured with the
+        # same id (or a restart) never share a lease, so a crash always returns its tokens
+        self.lease_holder = f"{self.gateway_id}#{uuid.uuid4().hex[:8]}"
         self.core = AdmissionCore(
             config,
             store,
             flags=flags,
-            gateway_id=self.gateway_id,
+            gateway_id=self.lease_holder,
             metrics=self.metrics,
             engine_usage=engine_usage,
         )
@@ -140,6 +143,7 @@ class AdmissionController:
     def snapshot(self) -> dict[str, Any]:
         snap = self.core.snapshot()
         snap["gateway_id"] = self.gateway_id
+        snap["lease_holder"] = self.lease_holder
         return snap
 
     # -- background --------------------------------------------------------------------

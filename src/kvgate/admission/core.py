@@ -76,6 +76,7 @@ class AdmissionCore:
         self._first_seen: float | None = None
         self._draining = False
         self._drain_again = False
+        self._unreturned: dict[str, int] = {}  # releases the store missed while down
         self.decision_counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.metrics.quota_total.set(self.total)
         for q in self.quotas.values():
@@ -133,6 +134,7 @@ class AdmissionCore:
             quotas=self.quotas,
             usage=self.usage_cache,
             waiting=self.queue.waiting_tenants(),
+            request_tokens=tokens,
         )
         if self._is_long(tokens):
             return limits
@@ -357,8 +359,17 @@ class AdmissionCore:
         try:
             await getattr(store, op)(self.gateway_id, ticket.tenant, tokens)
         except (StoreUnavailable, ConnectionError, OSError) as exc:
-            # the lease returns these tokens if the store comes back without us
             self.mark_store(False, exc)
+            if op == "release":
+                # replayed on recovery (bounded by what we hold, so harmless if the store
+                # restarted empty); otherwise our live lease would keep these tokens
+                self._unreturned[ticket.tenant] = self._unreturned.get(ticket.tenant, 0) + tokens
+
+    async def _replay_releases(self) -> None:
+        while self._unreturned:
+            tenant, tokens = next(iter(self._unreturned.items()))
+            await self.store.release(self.gateway_id, tenant, tokens)
+            del self._unreturned[tenant]
 
     # -- drain-rate estimate (Retry-After) --------------------------------------------
     def _record_release(self, now: float, tokens: int) -> None:
@@ -387,9 +398,12 @@ class AdmissionCore:
     async def refresh(self, ttl_s: float) -> None:
         """Heartbeat the lease, reclaim expired gateways' tokens, refresh usage gauges."""
         try:
+            if self._unreturned and not await self.store.has_lease(self.gateway_id):
+                self._unreturned.clear()  # the store lost or reaped what we held
             await self.store.heartbeat(self.gateway_id, ttl_s)
             if not self.store_up:
                 await self.store.set_guarantees(self.guarantees())
+            await self._replay_releases()
             reclaimed = await self.store.reap()
             if reclaimed:
                 self.metrics.reclaimed.inc(reclaimed)

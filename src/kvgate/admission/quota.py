@@ -40,14 +40,14 @@ def reserve_limits(
     quotas: Mapping[str, TenantQuota],
     usage: Mapping[str, int],
     waiting: Iterable[str],
-    short_cap_fraction: float = 1.0,
+    request_tokens: int = 0,
 ) -> ReserveLimits:
     """Limits for one reservation by ``tenant``.
 
     ``waiting`` names tenants with queued work. While another tenant waits, a tenant's
     elastic use is limited to its weighted share of the pool (among tenants using or
     wanting elastic capacity); otherwise it may borrow the whole pool (work-conserving).
-    ``short_cap_fraction`` < 1 keeps the reserved long-request fraction free.
+    A tenant with no elastic use may always take one request beyond its share.
     """
     pool = elastic_pool(total, quotas.values())
     others_waiting = {w for w in waiting if w != tenant.name}
@@ -61,9 +61,13 @@ def reserve_limits(
         }
         weights = sum(quotas[c].weight if c in quotas else 1.0 for c in contenders)
         share = int(pool * tenant.weight / weights) if weights > 0 else pool
+        if usage.get(tenant.name, 0) <= tenant.guaranteed:
+            # a tenant with no elastic use may always run one request, however small
+            # its share, or a low-weight tenant's large requests could never start
+            share = max(share, request_tokens)
     cap = tenant.hard_cap if tenant.hard_cap is not None else NO_CAP
     return ReserveLimits(
-        total=int(total * short_cap_fraction),
+        total=total,
         tenant_cap=cap,
         guaranteed=tenant.guaranteed,
         elastic_pool=pool,

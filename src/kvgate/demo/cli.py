@@ -49,9 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kv-blocks",
         type=int,
-        default=320,
+        default=640,
         help="KV blocks (16 tokens) per engine; below 'every app prompt on every node' "
-        "so placement matters (default 320)",
+        "so placement matters (default 640)",
     )
     parser.add_argument(
         "--time-scale",
@@ -169,7 +169,7 @@ class Demo:
             else stop.wait()
         )
         try:
-            await replay(gateway, requests, API_KEYS, progress)
+            await replay(gateway, requests, API_KEYS, progress, request_timeout_s=30.0)
         finally:
             stop.set()
             await viewer
@@ -226,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    console = Console()
+    console = Console() if sys.stdout.isatty() else Console(width=120)
     with tempfile.TemporaryDirectory(prefix="kvgate-demo-") as tmp:
         demo = Demo(args, Path(tmp), console)
         try:

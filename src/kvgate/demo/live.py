@@ -15,7 +15,7 @@ from rich.progress_bar import ProgressBar
 from rich.text import Text
 
 from kvgate.demo.load import LoadProgress
-from kvgate.status.view import ADMISSION_KINDS, fmt_pct, summary_view
+from kvgate.status.view import ADMISSION_KINDS, decision_counts, fmt_pct, summary_view
 
 
 async def fetch_summary(session: aiohttp.ClientSession, gateway_url: str) -> dict[str, Any] | None:
@@ -34,8 +34,8 @@ def plain_line(label: str, elapsed: float, duration: float, progress: LoadProgre
     parts = [f"[{label}] {elapsed:5.1f}/{duration:.0f}s sent {progress.sent}/{progress.total}"
              f" done {progress.done}"]  # fmt: skip
     if summary:
-        decisions = (summary.get("admission") or {}).get("decisions_total") or {}
-        parts.append(" ".join(f"{k} {decisions.get(k, 0)}" for k in ADMISSION_KINDS))
+        decisions = decision_counts((summary.get("admission") or {}).get("decisions_total"))
+        parts.append(" ".join(f"{k} {decisions.get(k, 0):g}" for k in ADMISSION_KINDS))
         for node in summary.get("nodes") or []:
             parts.append(
                 f"{node.get('node_id')} {node.get('state')} kv {fmt_pct(node.get('kv_usage'))}"

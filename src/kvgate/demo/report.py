@@ -99,7 +99,9 @@ img {{ max-width: 100%; }} figcaption {{ color: #555; }}
 with empty caches before each run), first through <code>{html.escape(baseline.policy)}</code>
 (admission {"on" if baseline.admission else "off"}), then through
 <code>{html.escape(candidate.policy)}</code> (admission {"on" if candidate.admission else "off"}).
-Ratios are {html.escape(candidate.policy)} / {html.escape(baseline.policy)}.</p>
+Ratios are {html.escape(candidate.policy)} / {html.escape(baseline.policy)}. Latency
+and throughput figures count completed requests only; requests admission rejected (429,
+or 408 after a queue deadline) appear in the "rejected" row, not in the latencies.</p>
 <table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>
 {figures}
 <h2>Setup</h2><ul>{setup}</ul>

@@ -31,13 +31,13 @@ class DemoRequest:
 class WorkloadSpec:
     name: str
     apps: int = 8
-    system_tokens: int = 1200
+    system_tokens: int = 2000
     user_tokens: tuple[int, int] = (20, 80)
     max_tokens: tuple[int, int] = (16, 48)
     rate_per_s: float = 6.0  # interactive arrivals (Poisson)
     batch_every_s: float = 6.0  # a burst of long batch jobs this often
     batch_burst: int = 6
-    batch_doc_tokens: int = 1500
+    batch_doc_tokens: int = 800
     app_skew: float = 1.1  # Zipf exponent over apps: a few popular apps, a long tail
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -84,7 +83,9 @@ async def _serve(args: argparse.Namespace) -> int:
     bound: list[int] = []
     try:
         for server, port in zip(servers, _ports(args), strict=True):
-            runner = web.AppRunner(server.make_app(), access_log=None, handle_signals=False)
+            runner = web.AppRunner(
+                server.make_app(), access_log=None, handle_signals=False, shutdown_timeout=5.0
+            )
             await runner.setup()
             runners.append(runner)
             site = web.TCPSite(runner, args.host, port, reuse_address=True)
@@ -106,10 +107,13 @@ async def _serve(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         log.info("engine-sim: shutting down")
+        for server in servers:
+            server.fail_pending(503, "engine shutting down")
     finally:
-        for runner in runners:
-            with contextlib.suppress(Exception):
-                await runner.cleanup()
+        results = await asyncio.gather(*(r.cleanup() for r in runners), return_exceptions=True)
+        for exc in results:
+            if isinstance(exc, Exception):
+                log.warning("engine-sim: cleanup failed: %s", exc)
     return 0
 
 

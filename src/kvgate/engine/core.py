@@ -63,7 +63,10 @@ class EngineCore:
         max_num_batched_tokens: int | None = None,
         max_model_len: int | None = None,
         fast_forward: bool = True,
+        token_events: bool = True,
     ) -> None:
+        """``token_events=False`` drops TOKENS events (a simulator that only needs first
+        token and finish times saves one event per running request per step)."""
         self.profile = profile.with_overrides(
             kv_blocks=kv_blocks,
             max_num_seqs=max_num_seqs,
@@ -71,6 +74,7 @@ class EngineCore:
             max_model_len=max_model_len,
         )
         self.fast_forward = fast_forward
+        self.token_events = token_events
         self.scheduler = Scheduler(self.profile)
         self.now = 0.0
         self._seqs: dict[str, Sequence] = {}
@@ -97,14 +101,20 @@ class EngineCore:
         self.validate(req)
         if req.request_id in self._seqs:
             raise ValueError(f"duplicate request_id {req.request_id!r}")
-        self._pending.extend(self.advance_to(now))
+        earlier = self.advance_to(now)  # (evaluated before reading self._pending)
+        self._pending.extend(earlier)
         seq = Sequence(req=req, arrival=max(now, self.now))
         self._seqs[req.request_id] = seq
         self.scheduler.waiting.append(seq)
         self._cut_decode_run()
         self._start_step_if_idle(self._pending)
 
-    def abort(self, request_id: str) -> bool:
+    def abort(self, request_id: str, now: float | None = None) -> bool:
+        """Drop a request and free its blocks (after running the steps that end by
+        ``now``, whose events the next ``advance_to`` returns)."""
+        if now is not None:
+            earlier = self.advance_to(now)
+            self._pending.extend(earlier)
         seq = self._seqs.pop(request_id, None)
         if seq is None:
             return False
@@ -226,9 +236,28 @@ class EngineCore:
         if steps > 1:
             self._allocate_decode_run_blocks(st, steps)
         finished = False
+        token_events = self.token_events
+        generated = 0
         for seq, new in st.plan.scheduled:
-            if seq.done or seq.num_computed + new > seq.num_tokens:
-                continue  # aborted, or preempted after the plan was made
+            if seq.done:
+                continue  # aborted
+            if (
+                steps == 1
+                and new == 1
+                and seq.num_output
+                and seq.num_computed + 1 == seq.num_tokens
+            ):
+                # Plain decode step (the hot path).
+                seq.num_computed += 1
+                seq.num_output += 1
+                seq.num_tokens += 1
+                generated += 1
+                if token_events:
+                    events.append(EngineEvent(EventKind.TOKENS, seq.request_id, t_end, count=1))
+                if seq.num_output >= seq.output_limit:
+                    self._finish(seq, t_end, events)
+                    finished = True
+                continue
             seq.num_computed += new if steps == 1 else steps
             if seq.num_hashed_blocks < len(seq.req.block_hashes):
                 seq.num_hashed_blocks = kv.cache_full_blocks(
@@ -250,21 +279,28 @@ class EngineCore:
                     )
                 )
                 seq.num_output = 1
+                seq.num_tokens += 1
                 produced -= 1
             if produced:
                 seq.num_output += produced
-                events.append(EngineEvent(EventKind.TOKENS, seq.request_id, t_end, count=produced))
-            counters.generation_tokens += steps
-            if seq.num_output >= seq.req.output_tokens:
-                events.append(
-                    EngineEvent(EventKind.FINISHED, seq.request_id, t_end, count=seq.num_output)
-                )
-                sched.remove(seq)
-                self._seqs.pop(seq.request_id, None)
-                counters.finished += 1
+                seq.num_tokens += produced
+                if token_events:
+                    events.append(
+                        EngineEvent(EventKind.TOKENS, seq.request_id, t_end, count=produced)
+                    )
+            generated += steps
+            if seq.num_output >= seq.output_limit:
+                self._finish(seq, t_end, events)
                 finished = True
+        counters.generation_tokens += generated
         if finished:
             sched.running = [s for s in sched.running if not s.done]
+
+    def _finish(self, seq: Sequence, t_end: float, events: list[EngineEvent]) -> None:
+        events.append(EngineEvent(EventKind.FINISHED, seq.request_id, t_end, count=seq.num_output))
+        self.scheduler.remove(seq)
+        self._seqs.pop(seq.request_id, None)
+        self.scheduler.counters.finished += 1
 
     def _allocate_decode_run_blocks(self, st: _InFlight, steps: int) -> None:
         """Allocate the blocks of steps 2..steps in the order single steps would."""

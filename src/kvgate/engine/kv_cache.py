@@ -139,15 +139,25 @@ class KVCacheManager:
 
     def allocate(self, request_id: str, total_tokens: int, new_cached: Sequence[int] = ()) -> bool:
         """Make room for ``total_tokens`` tokens of a request; False if blocks run out."""
-        if not self.can_allocate(request_id, total_tokens, new_cached):
-            return False
-        table = self.tables.setdefault(request_id, [])
+        table = self.tables.get(request_id)
+        if table is None:
+            table = self.tables[request_id] = []
+        pool = self.pool
+        need = -(-total_tokens // self.block_size) - len(table) - len(new_cached)
         if new_cached:
-            self.pool.touch(new_cached)
+            free_cached = sum(1 for b in new_cached if pool.ref_cnt[b] == 0)
+            if need > len(pool.free_queue) - free_cached:
+                if not table:
+                    del self.tables[request_id]
+                return False
+            pool.touch(new_cached)
             table.extend(new_cached)
-        need = blocks_for(total_tokens, self.block_size) - len(table)
+        elif need > len(pool.free_queue):
+            if not table:
+                del self.tables[request_id]
+            return False
         if need > 0:
-            table.extend(self.pool.allocate(need))
+            table.extend(pool.allocate(need))
         return True
 
     def cache_full_blocks(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
 from kvgate.tokens import BLOCK_SIZE, block_hashes, tokenize
@@ -34,6 +34,7 @@ class EventKind(StrEnum):
     TOKENS = "tokens"  # ``count`` more output tokens, the last one at ``time``
     FINISHED = "finished"  # all ``count`` output tokens generated; blocks freed
     PREEMPTED = "preempted"  # blocks freed, back to the front of the waiting queue
+    FAILED = "failed"  # the server's driver failed; the request cannot finish
 
 
 @dataclass(slots=True, frozen=True)
@@ -58,12 +59,12 @@ class Sequence:
     num_preemptions: int = 0
     done: bool = False  # finished or aborted
     first_token_time: float | None = None
-    extra: dict[str, float] = field(default_factory=dict)
+    # prompt + output tokens so far; a plain field because the scheduler reads it per step
+    num_tokens: int = 0
+    output_limit: int = 0
+    request_id: str = ""
 
-    @property
-    def request_id(self) -> str:
-        return self.req.request_id
-
-    @property
-    def num_tokens(self) -> int:
-        return self.req.prompt_tokens + self.num_output
+    def __post_init__(self) -> None:
+        self.num_tokens = self.req.prompt_tokens + self.num_output
+        self.output_limit = self.req.output_tokens
+        self.request_id = self.req.request_id

@@ -68,10 +68,23 @@ class Scheduler:
         kv = self.kv
         running = self.running
         all_decode = True
+        bs = self.profile.block_size
+        scheduled = plan.scheduled
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
-            new = min(seq.num_tokens - seq.num_computed, budget)
+            computed = seq.num_computed
+            new = seq.num_tokens - computed
+            if new == 1 and computed % bs and seq.num_output:
+                # Decode with room left in the last block: no allocation (the hot path).
+                scheduled.append((seq, 1))
+                plan.num_tokens += 1
+                plan.kv_tokens += computed + 1
+                budget -= 1
+                i += 1
+                continue
+            if new > budget:
+                new = budget
             while not kv.allocate(seq.request_id, seq.num_computed + new):
                 victim = running.pop()
                 self._preempt(victim)

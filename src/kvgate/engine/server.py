@@ -14,7 +14,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +93,22 @@ def _stop_field(body: dict[str, Any]) -> list[str]:
     raise RequestError("stop must be a string or a list of strings", "stop")
 
 
+@web.middleware
+async def _json_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Unexpected failures still answer with an OpenAI-style body."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status >= 400:
+            return error_response(exc.status, exc.reason, None, None)
+        raise
+    except Exception:
+        log.exception("engine-sim request failed")
+        return error_response(500, "internal error in the simulated engine", None, "engine_failed")
+
+
 class EngineServer:
     def __init__(
         self,
@@ -135,6 +151,7 @@ class EngineServer:
         self._pending: dict[str, _Pending] = {}
         self._wake: asyncio.Event | None = None
         self._driver: asyncio.Task[None] | None = None
+        self._failed: tuple[int, str] | None = None
         self.created = int(time.time())
 
     # ---- time and driver ------------------------------------------------------------
@@ -153,6 +170,14 @@ class EngineServer:
                 await self._driver
             self._driver = None
 
+    def fail_pending(self, status: int, message: str) -> None:
+        """Answer every in-flight and later request with an error (driver failure,
+        shutdown)."""
+        self._failed = (status, message)
+        now = self.sim_now()
+        for rid, p in self._pending.items():
+            p.queue.put_nowait(EngineEvent(EventKind.FAILED, rid, now))
+
     def _dispatch(self, events: list[EngineEvent]) -> None:
         for ev in events:
             p = self._pending.get(ev.request_id)
@@ -164,7 +189,12 @@ class EngineServer:
         wake = self._wake
         loop = asyncio.get_running_loop()
         while True:
-            self._dispatch(self.core.advance_to(self.sim_now()))
+            try:
+                self._dispatch(self.core.advance_to(self.sim_now()))
+            except Exception:
+                log.exception("engine driver failed; failing in-flight requests")
+                self.fail_pending(500, "engine failed")
+                return
             wake.clear()
             next_t = self.core.next_step_time()
             if next_t is None:
@@ -195,12 +225,12 @@ class EngineServer:
     def release(self, request_id: str, *, abort: bool) -> None:
         self._pending.pop(request_id, None)
         if abort:
-            self.core.abort(request_id)
+            self.core.abort(request_id, self.sim_now())
 
     # ---- HTTP -----------------------------------------------------------------------
 
     def make_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_json_errors])
         app.router.add_get("/health", self.handle_health)
         app.router.add_get("/v1/models", self.handle_models)
         app.router.add_get("/metrics", self.handle_metrics)
@@ -258,6 +288,8 @@ class EngineServer:
         except RequestError as exc:
             return error_response(exc.status, exc.message, exc.param, exc.code)
         request_id, pieces, plan, stream, include_usage = parsed
+        if self._failed:
+            return error_response(*self._failed, None, "engine_failed")
         pending = self.submit(request_id, pieces, plan)
         finished = False
         try:
@@ -366,6 +398,9 @@ class EngineServer:
     async def _complete(self, request_id: str, pending: _Pending, *, chat: bool) -> web.Response:
         while True:
             ev = await pending.queue.get()
+            if ev.kind is EventKind.FAILED:
+                status, message = self._failed or (500, "engine failed")
+                return error_response(status, message, None, "engine_failed")
             self._on_event(pending, ev)
             if ev.kind is EventKind.FINISHED:
                 break
@@ -437,6 +472,12 @@ class EngineServer:
 
         while True:
             ev = await pending.queue.get()
+            if ev.kind is EventKind.FAILED:
+                message = self._failed[1] if self._failed else "engine failed"
+                err = {"error": {"message": message, "type": "server_error",
+                                 "param": None, "code": "engine_failed"}}  # fmt: skip
+                await resp.write(b"data: " + json.dumps(err).encode() + b"\n\ndata: [DONE]\n\n")
+                break
             self._on_event(pending, ev)
             if ev.kind not in (EventKind.FIRST_TOKEN, EventKind.TOKENS, EventKind.FINISHED):
                 continue

@@ -38,41 +38,42 @@ class RoutingConfig(BaseModel):
 
     policy: str = "hybrid"
     # prefix index
-    index_ttl_s: float = Field(120.0, gt=0)
-    index_max_entries: int = Field(1_000_000, ge=1)
+    index_ttl_s: float = Field(default=120.0, gt=0)
+    index_max_entries: int = Field(default=1_000_000, ge=1)
     route_key: RouteKeyConfig = Field(default_factory=RouteKeyConfig)
-    route_key_cache_size: int = Field(4096, ge=1)
+    route_key_cache_size: int = Field(default=4096, ge=1)
     # consistent hashing with bounded loads
-    home_set_size: int = Field(2, ge=1)
-    virtual_nodes: int = Field(100, ge=1)
-    bounded_load_factor: float = Field(1.25, gt=1.0)
+    home_set_size: int = Field(default=2, ge=1)
+    virtual_nodes: int = Field(default=100, ge=1)
+    bounded_load_factor: float = Field(default=1.25, gt=1.0)
     # load score: requests + waiting_weight*waiting + tokens/tokens_per_load_unit + kv_weight*kv
-    waiting_weight: float = Field(2.0, ge=0)
-    tokens_per_load_unit: float = Field(4096.0, gt=0)
-    kv_usage_weight: float = Field(4.0, ge=0)
+    waiting_weight: float = Field(default=2.0, ge=0)
+    tokens_per_load_unit: float = Field(default=4096.0, gt=0)
+    kv_usage_weight: float = Field(default=4.0, ge=0)
     # per-request load guard: an affinity candidate is dropped when its load exceeds
     # load_guard_ratio × (least eligible load) + load_guard_slack, or its KV / queue is full
-    load_guard_ratio: float = Field(1.5, ge=1.0)
-    load_guard_slack: float = Field(2.0, ge=0)
-    load_guard_max_kv_usage: float = Field(0.95, gt=0, le=1.0)
-    load_guard_max_waiting: float = Field(8.0, ge=0)
+    load_guard_ratio: float = Field(default=1.5, ge=1.0)
+    load_guard_slack: float = Field(default=2.0, ge=0)
+    load_guard_max_kv_usage: float = Field(default=0.95, gt=0, le=1.0)
+    load_guard_max_waiting: float = Field(default=8.0, ge=0)
     # hybrid scoring weights
-    prefix_weight: float = Field(2.0, ge=0)
-    load_weight: float = Field(1.0, ge=0)
-    cold_boost_weight: float = Field(0.5, ge=0)
+    prefix_weight: float = Field(default=2.0, ge=0)
+    load_weight: float = Field(default=1.0, ge=0)
+    cold_boost_weight: float = Field(default=0.5, ge=0)
     # node view
-    freshness_s: float = Field(15.0, gt=0)
+    freshness_s: float = Field(default=15.0, gt=0)
     scrape_interval_s: float = 3.0
-    smoothing_window_s: float = Field(15.0, gt=0)
-    warmup_s: float = Field(1800.0, gt=0)
-    backoff_token_threshold: int = Field(2048, ge=0)
+    smoothing_window_s: float = Field(default=15.0, gt=0)
+    warmup_s: float = Field(default=1800.0, gt=0)
+    backoff_token_threshold: int = Field(default=2048, ge=0)
     # hit feedback
-    feedback_shortfall_fraction: float = Field(0.5, gt=0, le=1.0)
-    feedback_demote_after: int = Field(3, ge=1)
-    feedback_ewma_alpha: float = Field(0.2, gt=0, le=1.0)
-    feedback_max_entries: int = Field(100_000, ge=1)
+    feedback_shortfall_fraction: float = Field(default=0.5, gt=0, le=1.0)
+    feedback_demote_after: int = Field(default=3, ge=1)
+    feedback_demote_on_full_miss: bool = True
+    feedback_ewma_alpha: float = Field(default=0.2, gt=0, le=1.0)
+    feedback_max_entries: int = Field(default=100_000, ge=1)
     # proxy
-    max_retries: int = Field(2, ge=0, le=10)
+    max_retries: int = Field(default=2, ge=0, le=10)
 
     @field_validator("policy")
     @classmethod

@@ -8,6 +8,7 @@ skipped. Adding or removing a node only remaps the keys whose walk passes its po
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Iterable, Mapping
 
 import xxhash
@@ -94,14 +95,27 @@ class HashRing:
         allowed: Iterable[str] | None = None,
     ) -> list[str]:
         """Up to ``k`` nodes for ``key``; with ``loads``, skip nodes above c × average load."""
-        allowed_set = set(allowed) if allowed is not None else None
-        walk = [n for n in self.walk(key) if allowed_set is None or n in allowed_set]
+        walk = self.walk(key)
+        filtered = False
+        if allowed is not None:
+            allowed_set = allowed.keys() if isinstance(allowed, dict) else set(allowed)
+            if not self._nodes <= allowed_set:  # C-speed check: every ring node is allowed
+                walk = tuple(n for n in walk if n in allowed_set)
+                filtered = True
         if loads is None or not walk:
-            return walk[:k]
-        population = [max(0.0, loads.get(n, 0.0)) for n in walk]
-        capacity = self.load_factor * (sum(population) + 1.0) / len(population)
-        chosen = [n for n, load in zip(walk, population, strict=True) if load + 1.0 <= capacity]
-        if len(chosen) < k:
-            # Everyone is above the bound (only possible with fractional loads): keep ring order.
-            chosen += [n for n in walk if n not in chosen]
+            return list(walk[:k])
+        get = loads.get
+        if not filtered and loads is allowed and len(loads) == len(walk):
+            total = sum(loads.values())  # loads covers exactly the walk's nodes
+        else:
+            total = sum([get(n, 0.0) for n in walk])  # load scores are never negative
+        capacity = math.ceil(self.load_factor * (total + 1.0) / len(walk))
+        chosen: list[str] = []
+        for n in walk:
+            if get(n, 0.0) + 1.0 <= capacity:
+                chosen.append(n)
+                if len(chosen) == k:
+                    return chosen
+        # Everyone is above the bound (only possible with fractional loads): keep ring order.
+        chosen += [n for n in walk if n not in chosen]
         return chosen[:k]

@@ -8,7 +8,9 @@ Three levels:
 2. Per node: the engine's own prefix hit rate (``NodeReport.prefix_hit_rate``), read from
    the node view when a snapshot is taken.
 3. Demotion: after ``demote_after`` consecutive shortfalls (actual below
-   ``shortfall_fraction`` × expected) a (node, route key) pair is demoted: the router stops
+   ``shortfall_fraction`` × expected) — or at once on a full miss (nothing cached where a
+   hit was predicted: the node lost the prefix, e.g. a cache reset or eviction, when
+   ``demote_on_full_miss``) — a (node, route key) pair is demoted: the router stops
    treating that node as a cache holder for that prefix. It is restored as soon as a
    request for the prefix on that node reports cached tokens again.
 """
@@ -53,12 +55,14 @@ class HitFeedback:
         demote_after: int = 3,
         ewma_alpha: float = 0.2,
         max_entries: int = 100_000,
+        demote_on_full_miss: bool = True,
         on_demote: Callable[[str, str], None] | None = None,
     ) -> None:
         self.shortfall_fraction = shortfall_fraction
         self.demote_after = demote_after
         self.ewma_alpha = ewma_alpha
         self.max_entries = max_entries
+        self.demote_on_full_miss = demote_on_full_miss
         self.on_demote = on_demote
         self._pairs: OrderedDict[tuple[str, str], PairStats] = OrderedDict()
         self.nodes: dict[str, NodeHitTotals] = {}
@@ -117,7 +121,8 @@ class HitFeedback:
             stats.consecutive_shortfalls += 1
         else:
             stats.consecutive_shortfalls = 0
-        if demotion_enabled and stats.consecutive_shortfalls >= self.demote_after:
+        full_miss = self.demote_on_full_miss and actual_cached_tokens == 0
+        if demotion_enabled and (full_miss or stats.consecutive_shortfalls >= self.demote_after):
             stats.demoted = True
             totals.demotions += 1
             if self.on_demote:

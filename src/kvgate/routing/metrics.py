@@ -25,13 +25,13 @@ class RoutingMetrics:
             "kvgate_route_no_node_total", "Requests no node could take", ["policy"], registry=r
         )
         self.expected_cached = Counter(
-            "kvgate_expected_cached_tokens_total",
+            "kvgate_route_expected_cached_tokens_total",
             "Cached prompt tokens the router predicted, for requests whose engine reported usage",
             ["node"],
             registry=r,
         )
         self.actual_cached = Counter(
-            "kvgate_actual_cached_tokens_total",
+            "kvgate_route_actual_cached_tokens_total",
             "Cached prompt tokens the engine reported (usage.prompt_tokens_details)",
             ["node"],
             registry=r,

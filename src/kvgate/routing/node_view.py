@@ -14,7 +14,8 @@ revert to healthy when the hint goes away) or automatic detection (restart, fres
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import builtins
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from kvgate.clock import Clock
@@ -51,7 +52,8 @@ class NodeEntry:
     process_start_time: float | None = None
     inflight: dict[str, InFlight] = field(default_factory=dict)
     inflight_tokens: int = 0
-    dispatched_since_report: int = 0
+    # dispatched after the last report, so not yet in the engine's running/waiting
+    unreported: set[str] = field(default_factory=set)
     load: float = 0.0  # cached load score, recomputed on every change
 
     @property
@@ -79,6 +81,7 @@ class NodeView:
         self._on_reregister: list[Callable[[str], None]] = []
         self._on_remove: list[Callable[[str], None]] = []
         self._on_add: list[Callable[[str], None]] = []
+        self._newest_registration = float("-inf")
 
     # -- listeners ---------------------------------------------------------------------
     def subscribe(
@@ -110,6 +113,7 @@ class NodeView:
             registered_at=now,
         )
         self._nodes[spec.node_id] = entry
+        self._newest_registration = now
         for cb in self._on_add:
             cb(spec.node_id)
         return entry
@@ -147,11 +151,15 @@ class NodeView:
     def __len__(self) -> int:
         return len(self._nodes)
 
-    def list(self) -> list[NodeEntry]:
+    def entries(self) -> Iterable[NodeEntry]:
+        """A live view of the entries (do not add or remove nodes while iterating)."""
+        return self._nodes.values()
+
+    def list(self) -> builtins.list[NodeEntry]:
         return list(self._nodes.values())
 
     @property
-    def node_ids(self) -> list[str]:
+    def node_ids(self) -> builtins.list[str]:
         return list(self._nodes)
 
     # -- reports -----------------------------------------------------------------------
@@ -176,7 +184,7 @@ class NodeView:
         if not report.stale:
             entry.last_report_at = now
             entry.unreachable_since = None
-            entry.dispatched_since_report = 0
+            entry.unreported.clear()
             self._apply_hint(entry, report.state_hint)
         self._recompute_load(entry)
         return entry
@@ -193,7 +201,7 @@ class NodeView:
 
     def _reregister(self, entry: NodeEntry) -> None:
         entry.base_state, entry.state_source = NodeState.REREGISTER, "auto"
-        entry.registered_at = self.clock.now()
+        entry.registered_at = self._newest_registration = self.clock.now()
         entry.unreachable_since = None
         entry.window.clear()
         for cb in self._on_reregister:
@@ -205,6 +213,18 @@ class NodeView:
         if entry is None:
             raise UnknownNode(node_id)
         return entry
+
+    def boosts(self, entries: Iterable[NodeEntry]) -> dict[str, float]:
+        """Cold boost of each entry (fast path for a routing decision)."""
+        now = self.clock.now()
+        warmup = self.config.warmup_s
+        if now - self._newest_registration >= warmup:
+            return {e.spec.node_id: 0.0 for e in entries}  # steady state: nobody is warming up
+        out: dict[str, float] = {}
+        for e in entries:
+            age = now - e.registered_at
+            out[e.spec.node_id] = 1.0 - max(0.0, age) / warmup if age < warmup else 0.0
+        return out
 
     def is_fresh(self, entry: NodeEntry, now: float) -> bool:
         if entry.unreachable_since is not None:
@@ -232,7 +252,7 @@ class NodeView:
         waiting = report.waiting if report else 0.0
         kv = report.kv_usage if report else 0.0
         # The ledger makes load rise at dispatch, before the engine's next report shows it.
-        requests = max(running + waiting + entry.dispatched_since_report, entry.inflight_requests)
+        requests = max(running + waiting + len(entry.unreported), entry.inflight_requests)
         entry.load = (
             requests
             + (cfg.waiting_weight - 1.0) * waiting
@@ -250,7 +270,7 @@ class NodeView:
             entry.inflight_tokens -= previous.prompt_tokens + previous.generated_tokens
         entry.inflight[request_id] = InFlight(prompt_tokens)
         entry.inflight_tokens += prompt_tokens
-        entry.dispatched_since_report += 1
+        entry.unreported.add(request_id)
         self._recompute_load(entry)
 
     def on_progress(self, node_id: str, request_id: str, generated_tokens: int) -> None:
@@ -269,4 +289,5 @@ class NodeView:
         if entry is None or flight is None:
             return
         entry.inflight_tokens -= flight.prompt_tokens + flight.generated_tokens
+        entry.unreported.discard(request_id)
         self._recompute_load(entry)

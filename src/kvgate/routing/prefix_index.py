@@ -12,6 +12,8 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+_NEVER = float("-inf")
+
 
 @dataclass(slots=True)
 class IndexStats:
@@ -87,12 +89,25 @@ class PrefixIndex:
         first = self._blocks.get(block_hashes[0])
         if not first:
             return {}
-        alive = {n for n, t in first.items() if t >= cutoff}
-        if nodes is not None:
-            alive &= set(nodes)
+        if nodes is None:
+            alive = {n for n, t in first.items() if t >= cutoff}
+        else:
+            allowed = nodes if isinstance(nodes, (set, frozenset, dict)) else set(nodes)
+            alive = {n for n, t in first.items() if t >= cutoff and n in allowed}
         result: dict[str, int] = {}
-        if alive:
-            self._search(block_hashes, 1, len(block_hashes) - 1, alive, cutoff, result)
+        last = len(block_hashes) - 1
+        if alive and last > 0:
+            # Fast path for full hits: nodes holding the last block hold the whole chain.
+            tail = self._blocks.get(block_hashes[last])
+            if tail:
+                for n in [n for n in alive if tail.get(n, _NEVER) >= cutoff]:
+                    result[n] = last + 1
+                    alive.discard(n)
+            if alive:
+                self._search(block_hashes, 1, last - 1, alive, cutoff, result)
+        elif alive:
+            for n in alive:
+                result[n] = 1
         return result
 
     def _search(
@@ -111,7 +126,7 @@ class PrefixIndex:
             return
         mid = (lo + hi) // 2
         entry = self._blocks.get(hashes[mid])
-        present = {n for n in alive if entry and entry.get(n, -1.0) >= cutoff} if entry else set()
+        present = {n for n in alive if entry.get(n, _NEVER) >= cutoff} if entry else set()
         absent = alive - present
         if present:
             self._search(hashes, mid + 1, hi, present, cutoff, result)

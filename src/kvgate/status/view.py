@@ -102,6 +102,17 @@ def tenants_table(summary: Mapping[str, Any]) -> Table:
     return table
 
 
+def decision_counts(totals: Any) -> dict[str, float]:
+    """``{kind: n}`` from the summary; a ``{kind: {reason: n}}`` breakdown is summed per kind."""
+    counts: dict[str, float] = {}
+    for kind, value in (totals or {}).items():
+        if isinstance(value, Mapping):
+            counts[str(kind)] = sum(v for v in value.values() if _is_num(v))
+        elif _is_num(value):
+            counts[str(kind)] = value
+    return counts
+
+
 def decision_rates(
     now: Mapping[str, Any], before: Mapping[str, Any] | None, seconds: float | None
 ) -> dict[str, float | None]:
@@ -130,10 +141,10 @@ def decisions_table(
     if with_rates:
         table.add_column("per s", justify="right")
     for layer in ("admission", "routing"):
-        totals = dict(((summary.get(layer) or {}).get("decisions_total")) or {})
+        totals = decision_counts((summary.get(layer) or {}).get("decisions_total"))
         if layer == "admission":
             totals = {k: totals.get(k, 0) for k in ADMISSION_KINDS} | totals
-        before = ((previous or {}).get(layer) or {}).get("decisions_total")
+        before = decision_counts(((previous or {}).get(layer) or {}).get("decisions_total"))
         rates = decision_rates(totals, before, seconds)
         for kind in totals:
             row = [layer, kind, fmt_int(totals[kind])]

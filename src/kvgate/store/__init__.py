@@ -93,6 +93,10 @@ class Store(KVStore):
         """Refresh this gateway's lease on its reservations."""
 
     @abstractmethod
+    async def has_lease(self, gateway_id: str) -> bool:
+        """Whether this gateway's lease (and so its reservations) is still alive."""
+
+    @abstractmethod
     async def reap(self) -> int:
         """Return the reservations of gateways whose lease expired; tokens reclaimed."""
 

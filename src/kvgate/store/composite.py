@@ -54,5 +54,8 @@ class CompositeStore(Store):
     async def heartbeat(self, gateway_id: str, ttl_s: float) -> None:
         await self.counters.heartbeat(gateway_id, ttl_s)
 
+    async def has_lease(self, gateway_id: str) -> bool:
+        return await self.counters.has_lease(gateway_id)
+
     async def reap(self) -> int:
         return await self.counters.reap()

@@ -145,6 +145,9 @@ class EtcdStore(Store):
     async def heartbeat(self, gateway_id: str, ttl_s: float) -> None:
         await self._counters.heartbeat(gateway_id, ttl_s)
 
+    async def has_lease(self, gateway_id: str) -> bool:
+        return await self._counters.has_lease(gateway_id)
+
     async def reap(self) -> int:
         return await self._counters.reap()
 

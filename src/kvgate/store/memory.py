@@ -145,5 +145,8 @@ class MemoryStore(Store):
     async def heartbeat(self, gateway_id: str, ttl_s: float) -> None:
         self._leases[gateway_id] = self._clock.now() + ttl_s
 
+    async def has_lease(self, gateway_id: str) -> bool:
+        return self._leases.get(gateway_id, float("-inf")) > self._clock.now()
+
     async def reap(self) -> int:
         return self._reap_now()

@@ -176,6 +176,10 @@ class RedisStore(Store):
 
         await self._call(beat)
 
+    async def has_lease(self, gateway_id: str) -> bool:
+        _, lease = self._gw(gateway_id)
+        return bool(await self._call(lambda: self._client.exists(lease)))
+
     async def reap(self) -> int:
         return int(await self._call(lambda: self._reap(keys=[GATEWAYS, USED], args=[Q])))
 

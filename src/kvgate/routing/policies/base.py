@@ -75,17 +75,18 @@ class RoutingContext:
     """Everything one routing decision may read; built by the Router per request."""
 
     __slots__ = (
-        "config",
-        "flags",
-        "nodes",
-        "index",
-        "ring",
-        "feedback",
-        "rng",
-        "now",
-        "eligible",
-        "loads",
+        "_boosts",
         "_matches",
+        "config",
+        "eligible",
+        "feedback",
+        "flags",
+        "index",
+        "loads",
+        "nodes",
+        "now",
+        "ring",
+        "rng",
     )
 
     def __init__(
@@ -100,6 +101,7 @@ class RoutingContext:
         rng: random.Random,
         now: float,
         eligible: list[NodeEntry],
+        loads: dict[str, float] | None = None,
     ) -> None:
         self.config = config
         self.flags = flags
@@ -110,8 +112,9 @@ class RoutingContext:
         self.rng = rng
         self.now = now
         self.eligible = eligible
-        self.loads = {e.spec.node_id: e.load for e in eligible}
+        self.loads = loads if loads is not None else {e.spec.node_id: e.load for e in eligible}
         self._matches: dict[str, int] | None = None
+        self._boosts: dict[str, float] | None = None
 
     @property
     def node_ids(self) -> list[str]:
@@ -149,10 +152,17 @@ class RoutingContext:
         size = k if k is not None else self.config.home_set_size
         return self.ring.home_set(req.route_key, size, self.loads, self.loads)
 
+    def boosts(self) -> dict[str, float]:
+        """Cold boost per eligible node (all 0 when the flag is off)."""
+        if self._boosts is None:
+            if self.flags["cold_boost"]:
+                self._boosts = self.nodes.boosts(self.eligible)
+            else:
+                self._boosts = dict.fromkeys(self.loads, 0.0)
+        return self._boosts
+
     def boost(self, node_id: str) -> float:
-        if not self.flags["cold_boost"]:
-            return 0.0
-        return self.nodes.cold_boost(node_id)
+        return self.boosts().get(node_id, 0.0)
 
     def overloaded(self, node_id: str, least_load: float) -> bool:
         """The per-request load guard: may affinity send this request to ``node_id``?"""
@@ -181,6 +191,5 @@ class RoutingContext:
         """Least load, less the cold boost (so new nodes warm up); ties at random."""
         ids = list(node_ids) if node_ids is not None else list(self.loads)
         weight = self.config.cold_boost_weight
-        return self.pick({n: -(self.loads[n]) + weight * self.boost(n) for n in ids})
-
-
+        boosts, loads = self.boosts(), self.loads
+        return self.pick({n: weight * boosts[n] - loads[n] for n in ids})

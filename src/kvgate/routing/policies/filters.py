@@ -22,31 +22,45 @@ def eligible_nodes(
     config: RoutingConfig,
     now: float,
     exclude: Collection[str] = (),
-) -> tuple[list[NodeEntry], dict[str, int]]:
+) -> tuple[list[NodeEntry], dict[str, float], dict[str, int]]:
     """Nodes passing the state/freshness, model, pool, backoff-size and exclusion filters.
 
-    Also returns how many nodes each filter removed (for the NoNodeAvailable message).
+    Returns the entries, their load scores, and how many nodes each filter removed (for
+    the NoNodeAvailable message).
     """
     out: list[NodeEntry] = []
-    dropped = {"excluded": 0, "state": 0, "pool": 0, "model": 0, "backoff_size": 0}
+    loads: dict[str, float] = {}
+    excluded = state = pool = model = backoff = 0
     big = req.total_tokens_estimate > config.backoff_token_threshold
-    for entry in nodes.list():
+    oldest = now - config.freshness_s
+    want_pool, want_model = req.pool, req.model
+    any_model = want_model in ("", "default")
+    for entry in nodes.entries():
         spec = entry.spec
-        if spec.node_id in exclude:
-            dropped["excluded"] += 1
+        if exclude and spec.node_id in exclude:
+            excluded += 1
             continue
-        state = NodeState.UNREACHABLE if not nodes.is_fresh(entry, now) else entry.base_state
-        if state not in _ROUTABLE:
-            dropped["state"] += 1
+        seen = entry.last_report_at if entry.last_report_at is not None else entry.added_at
+        current = entry.base_state
+        if entry.unreachable_since is not None or seen < oldest or current not in _ROUTABLE:
+            state += 1
             continue
-        if req.pool is not None and spec.pool != req.pool:
-            dropped["pool"] += 1
+        if want_pool is not None and spec.pool != want_pool:
+            pool += 1
             continue
-        if spec.model not in ("default", req.model) and req.model not in ("", "default"):
-            dropped["model"] += 1
+        if not any_model and spec.model != "default" and spec.model != want_model:
+            model += 1
             continue
-        if state == NodeState.BACKOFF and big:
-            dropped["backoff_size"] += 1
+        if big and current == NodeState.BACKOFF:
+            backoff += 1
             continue
         out.append(entry)
-    return out, dropped
+        loads[spec.node_id] = entry.load
+    dropped = {
+        "excluded": excluded,
+        "state": state,
+        "pool": pool,
+        "model": model,
+        "backoff_size": backoff,
+    }
+    return out, loads, dropped

@@ -57,10 +57,10 @@ class HybridPolicy:
         mean_load = sum(ctx.loads.values()) / len(ctx.loads)
         load_scale = cfg.load_weight / (1.0 + mean_load)
         prompt = max(1, req.prompt_tokens)
+        boosts, loads = ctx.boosts(), ctx.loads
+        prefix_scale, boost_weight = cfg.prefix_weight / prompt, cfg.cold_boost_weight
         scores = {
-            n: cfg.prefix_weight * matches.get(n, 0) / prompt
-            - load_scale * ctx.loads[n]
-            + cfg.cold_boost_weight * ctx.boost(n)
+            n: prefix_scale * matches.get(n, 0) - load_scale * loads[n] + boost_weight * boosts[n]
             for n in allowed
         }
         node_id = ctx.pick(scores)

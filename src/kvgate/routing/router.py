@@ -1,0 +1,232 @@
+"""The Router facade: one object the gateway and the simulator both drive.
+
+Sync, allocation-light and clock-injected: no asyncio, no I/O. The gateway calls
+``route`` → ``on_dispatch`` → ``on_progress``* → ``on_complete`` for every attempt.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Collection, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+
+from kvgate.clock import Clock
+from kvgate.flags import Flags
+from kvgate.routing.config import RoutingConfig
+from kvgate.routing.consistent_hash import HashRing
+from kvgate.routing.feedback import HitFeedback
+from kvgate.routing.metrics import RoutingMetrics, state_family
+from kvgate.routing.node_view import NodeView
+from kvgate.routing.policies import Policy, RoutingContext, create_policy
+from kvgate.routing.policies.filters import eligible_nodes
+from kvgate.routing.prefix_index import PrefixIndex
+from kvgate.types import NoNodeAvailable, RouteDecision, RouteRequest
+
+
+class Router:
+    def __init__(
+        self,
+        config: RoutingConfig,
+        nodes: NodeView,
+        *,
+        flags: Flags | None = None,
+        clock: Clock,
+        registry: CollectorRegistry | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.nodes = nodes
+        self.flags = flags if flags is not None else Flags()
+        self.clock = clock
+        self.rng = rng if rng is not None else random.Random()
+        self.metrics = RoutingMetrics(registry)
+        self.index = PrefixIndex(config.index_ttl_s, config.index_max_entries)
+        self.ring = HashRing(
+            nodes.node_ids,
+            virtual_nodes=config.virtual_nodes,
+            load_factor=config.bounded_load_factor,
+            cache_size=config.route_key_cache_size,
+        )
+        self.feedback = HitFeedback(
+            shortfall_fraction=config.feedback_shortfall_fraction,
+            demote_after=config.feedback_demote_after,
+            ewma_alpha=config.feedback_ewma_alpha,
+            max_entries=config.feedback_max_entries,
+            demote_on_full_miss=config.feedback_demote_on_full_miss,
+        )
+        self.policy: Policy = create_policy(config.policy)
+        self.decision_counts: Counter[tuple[str, str]] = Counter()
+        self._evictions_seen = 0
+        nodes.subscribe(
+            on_add=self.ring.add_node,
+            on_remove=self._node_removed,
+            on_reregister=self._node_reregistered,
+        )
+        self.metrics.add_live_collector(self._live_metrics)
+
+    # -- policy ------------------------------------------------------------------------
+    @property
+    def policy_name(self) -> str:
+        return self.policy.name
+
+    def set_policy(self, name: str) -> None:
+        self.policy = create_policy(name)
+
+    # -- decisions ---------------------------------------------------------------------
+    def route(self, req: RouteRequest, *, exclude: Collection[str] = ()) -> RouteDecision:
+        now = self.clock.now()
+        eligible, loads, dropped = eligible_nodes(self.nodes, req, self.config, now, exclude)
+        if not eligible:
+            self.metrics.no_node.labels(self.policy.name).inc()
+            why = ", ".join(f"{k}={v}" for k, v in dropped.items() if v) or "no nodes configured"
+            raise NoNodeAvailable(f"no eligible node ({why})")
+        ctx = RoutingContext(
+            config=self.config,
+            flags=self.flags,
+            nodes=self.nodes,
+            index=self.index,
+            ring=self.ring,
+            feedback=self.feedback,
+            rng=self.rng,
+            now=now,
+            eligible=eligible,
+            loads=loads,
+        )
+        decision = self.policy.choose(req, ctx)
+        self.decision_counts[(decision.policy, decision.reason)] += 1
+        self.metrics.decisions.labels(decision.policy, decision.reason).inc()
+        return decision
+
+    def on_dispatch(self, req: RouteRequest, decision: RouteDecision) -> None:
+        self.nodes.on_dispatch(decision.node_id, req.request_id, req.prompt_tokens)
+
+    def on_progress(
+        self, req: RouteRequest, decision: RouteDecision, generated_tokens: int
+    ) -> None:
+        self.nodes.on_progress(decision.node_id, req.request_id, generated_tokens)
+
+    def on_complete(
+        self,
+        req: RouteRequest,
+        decision: RouteDecision,
+        *,
+        ok: bool,
+        actual_cached_tokens: int | None,
+        output_tokens: int = 0,
+    ) -> None:
+        node_id = decision.node_id
+        self.nodes.on_complete(node_id, req.request_id)
+        if not ok or node_id not in self.nodes:
+            return
+        now = self.clock.now()
+        if actual_cached_tokens is not None:
+            self.metrics.expected_cached.labels(node_id).inc(decision.expected_cached_tokens)
+            self.metrics.actual_cached.labels(node_id).inc(actual_cached_tokens)
+            if decision.expected_cached_tokens > 0:
+                self.metrics.hit_ratio.labels(node_id).observe(
+                    actual_cached_tokens / decision.expected_cached_tokens
+                )
+        change = self.feedback.record(
+            node_id,
+            req.route_key,
+            expected_cached_tokens=decision.expected_cached_tokens,
+            actual_cached_tokens=actual_cached_tokens,
+            prompt_tokens=req.prompt_tokens,
+            demotion_enabled=self.flags["hit_feedback"],
+        )
+        if change == "demoted":
+            self.metrics.demotions.labels(node_id).inc()
+            # The node does not hold what the index says: forget it, except what this
+            # request just put there (recorded below).
+            self.index.drop(node_id, req.block_hashes)
+        elif change == "restored":
+            self.metrics.restorations.labels(node_id).inc()
+        if change != "demoted":
+            self.index.record(node_id, req.block_hashes, now)
+        evictions = self.index.evictions
+        if evictions > self._evictions_seen:
+            self.metrics.evictions.inc(evictions - self._evictions_seen)
+            self._evictions_seen = evictions
+
+    # -- node events -------------------------------------------------------------------
+    def _node_removed(self, node_id: str) -> None:
+        self.ring.remove_node(node_id)
+        self.index.purge_node(node_id)
+        self.feedback.forget_node(node_id)
+
+    def _node_reregistered(self, node_id: str) -> None:
+        self.index.purge_node(node_id)
+        self.feedback.forget_node(node_id)
+        self.metrics.reregistrations.labels(node_id).inc()
+
+    # -- observability -----------------------------------------------------------------
+    def _boost(self, node_id: str) -> float:
+        return self.nodes.cold_boost(node_id) if self.flags["cold_boost"] else 0.0
+
+    def _live_metrics(self) -> Iterator[GaugeMetricFamily]:
+        entries = self.nodes.list()
+        yield state_family({e.node_id: e.state for e in entries})
+        index = GaugeMetricFamily("kvgate_prefix_index_entries", "(block, node) entries")
+        index.add_metric([], float(len(self.index)))
+        yield index
+        boost = GaugeMetricFamily(
+            "kvgate_cold_boost", "Cold-node routing boost (1 → 0 over warmup_s)", labels=["node"]
+        )
+        load = GaugeMetricFamily("kvgate_node_load", "Routing load score", labels=["node"])
+        for e in entries:
+            boost.add_metric([e.node_id], self._boost(e.node_id))
+            load.add_metric([e.node_id], e.load)
+        yield boost
+        yield load
+        demoted = GaugeMetricFamily("kvgate_demoted_pairs", "(node, prefix) pairs demoted now")
+        demoted.add_metric([], float(self.feedback.demoted_count()))
+        yield demoted
+
+    def snapshot(self) -> dict[str, Any]:
+        """JSON-able view for the admin API and the dashboard."""
+        nodes: dict[str, dict[str, Any]] = {}
+        for e in self.nodes.list():
+            report = e.report
+            totals = self.feedback.nodes.get(e.node_id)
+            nodes[e.node_id] = {
+                "node_id": e.node_id,
+                "state": e.state.value,
+                "pool": e.spec.pool,
+                "model": e.spec.model,
+                "load": round(e.load, 4),
+                "inflight_requests": e.inflight_requests,
+                "inflight_tokens": e.inflight_tokens,
+                "running": report.running if report else None,
+                "waiting": report.waiting if report else None,
+                "kv_usage": report.kv_usage if report else None,
+                "engine_prefix_hit_rate": report.prefix_hit_rate if report else None,
+                "predicted_hit_rate": totals.predicted_hit_rate if totals else None,
+                "actual_hit_rate": totals.actual_hit_rate if totals else None,
+                "expected_cached_tokens": totals.expected_cached_tokens if totals else 0,
+                "actual_cached_tokens": totals.actual_cached_tokens if totals else 0,
+                "demotions": totals.demotions if totals else 0,
+                "cold_boost": round(self._boost(e.node_id), 4),
+            }
+        stats = self.index.stats()
+        return {
+            "policy": self.policy.name,
+            "nodes": nodes,
+            "decisions_total": {
+                f"{policy}/{reason}": n
+                for (policy, reason), n in sorted(self.decision_counts.items())
+            },
+            "prefix_index": {
+                "entries": stats.entries,
+                "blocks": stats.blocks,
+                "evictions": stats.evictions,
+                "expirations": stats.expirations,
+                "max_entries": self.index.max_entries,
+                "ttl_s": self.index.ttl_s,
+            },
+            "demoted_pairs": self.feedback.demoted_count(),
+            "flags": self.flags.as_dict(),
+        }

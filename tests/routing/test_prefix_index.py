@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+from kvgate.routing.prefix_index import PrefixIndex, RouteKeyCache
+from kvgate.tokens import block_hashes
+
+
+def chain(prefix: str, n_blocks: int) -> list[int]:
+    return block_hashes([f" {prefix}{i}" for i in range(n_blocks * 16)])
+
+
+def test_match_gives_longest_leading_run_per_node() -> None:
+    index = PrefixIndex(ttl_s=100)
+    shared = chain("a", 10)
+    index.record("n1", shared[:4], now=0)
+    index.record("n2", shared, now=0)
+    index.record("n3", chain("b", 10), now=0)
+    assert index.match(shared, now=1) == {"n1": 4, "n2": 10}
+    assert index.match(shared[:6], now=1) == {"n1": 4, "n2": 6}
+    assert index.match(chain("c", 3), now=1) == {}
+    assert index.match(shared, now=1, nodes=["n1"]) == {"n1": 4}
+    assert index.match([], now=1) == {}
+
+
+def test_divergent_chains_match_only_the_shared_head() -> None:
+    index = PrefixIndex()
+    pieces = [f" p{i}" for i in range(64)]
+    a = block_hashes(pieces + [f" x{i}" for i in range(32)])
+    b = block_hashes(pieces + [f" y{i}" for i in range(32)])
+    index.record("n1", a, now=0)
+    assert index.match(b, now=0) == {"n1": 4}
+
+
+def test_entries_expire_after_ttl() -> None:
+    index = PrefixIndex(ttl_s=120)
+    hashes = chain("a", 5)
+    index.record("n1", hashes, now=0)
+    assert index.match(hashes, now=119) == {"n1": 5}
+    assert index.match(hashes, now=121) == {}
+    index.record("n2", chain("b", 2), now=200)  # recording sweeps expired blocks
+    assert len(index) == 2
+    assert index.stats().expirations == 5
+
+
+def test_refresh_extends_ttl_for_one_node_only() -> None:
+    index = PrefixIndex(ttl_s=10)
+    hashes = chain("a", 3)
+    index.record("n1", hashes, now=0)
+    index.record("n2", hashes, now=8)
+    assert index.match(hashes, now=12) == {"n2": 3}
+
+
+def test_memory_is_bounded_under_unique_prompts() -> None:
+    index = PrefixIndex(ttl_s=1e9, max_entries=500)
+    for i in range(300):
+        index.record(f"n{i % 4}", chain(f"u{i}-", 8), now=float(i))
+        assert len(index) <= 500
+    assert index.stats().evictions == 300 * 8 - len(index)
+    recent = chain("u299-", 8)
+    assert index.match(recent, now=300) == {"n3": 8}
+    assert index.match(chain("u0-", 8), now=300) == {}
+
+
+def test_eviction_removes_chain_tails_first() -> None:
+    index = PrefixIndex(ttl_s=1e9, max_entries=10)
+    old = chain("old", 8)
+    index.record("n1", old, now=0)
+    index.record("n1", chain("new", 4), now=1)  # 12 entries: two of the old chain go
+    assert index.match(old, now=2) == {"n1": 6}
+
+
+def test_drop_and_purge() -> None:
+    index = PrefixIndex()
+    hashes = chain("a", 4)
+    index.record("n1", hashes, now=0)
+    index.record("n2", hashes, now=0)
+    assert index.drop("n1", hashes) == 4
+    assert index.match(hashes, now=0) == {"n2": 4}
+    index.record("n1", chain("b", 3), now=0)
+    assert index.purge_node("n2") == 4
+    assert index.match(hashes, now=0) == {}
+    assert len(index) == 3
+
+
+def test_route_key_cache_is_lru() -> None:
+    cache = RouteKeyCache(max_size=2)
+    cache.put("a", ("n1",))
+    cache.put("b", ("n2",))
+    assert cache.get("a") == ("n1",)
+    cache.put("c", ("n3",))
+    assert cache.get("b") is None
+    assert cache.get("a") == ("n1",) and len(cache) == 2

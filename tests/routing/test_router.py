@@ -1,0 +1,301 @@
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+from prometheus_client import generate_latest
+
+from kvgate.routing import RoutingContext, register_policy
+from kvgate.types import NodeSpec, NodeState, NoNodeAvailable, RouteDecision, RouteRequest
+
+from .conftest import Cluster, group_request
+
+Factory = Callable[..., Cluster]
+
+
+def test_first_request_goes_home_then_follows_its_cache(cluster_factory: Factory) -> None:
+    c = cluster_factory()
+    req = group_request(1, "a")
+    first = c.router.route(req)
+    assert first.reason == "home_set" and first.expected_cached_tokens == 0
+    assert first.node_id in c.router.ring.home_set(req.route_key, 2)
+    c.router.on_dispatch(req, first)
+    c.router.on_complete(req, first, ok=True, actual_cached_tokens=0, output_tokens=1)
+    again = c.router.route(group_request(1, "b"))
+    assert (again.node_id, again.reason, again.expected_cached_tokens) == (first.node_id, "prefix_match", 512)
+
+
+def test_groups_spread_at_concurrency_one(cluster_factory: Factory) -> None:
+    for seed in range(5):
+        c = cluster_factory(n=4, seed=seed)
+        homes: dict[int, set[str]] = {}
+        for rep in range(3):
+            for group in range(8):
+                homes.setdefault(group, set()).add(c.serve(group_request(group, f"{group}-{rep}")))
+            c.clock.advance(1)
+            c.report_all()
+        assert all(len(nodes) == 1 for nodes in homes.values()), homes
+        assert len({next(iter(n)) for n in homes.values()}) >= 3, homes
+
+
+def test_miss_goes_to_least_loaded_not_emptiest_cache(cluster_factory: Factory) -> None:
+    c = cluster_factory()
+    c.flags.set("consistent_hashing", False)
+    c.report("n0", running=6, kv_usage=0.0)  # empty cache but busy
+    c.report("n1", running=0, kv_usage=0.4)  # holds cache, idle
+    c.report("n2", running=3)
+    c.report("n3", running=3)
+    decision = c.router.route(group_request(5, "x"))
+    assert (decision.node_id, decision.reason) == ("n1", "least_load_miss")
+
+
+def test_hot_prefix_spreads_beyond_its_home_once_loaded(cluster_factory: Factory) -> None:
+    c = cluster_factory()
+    home = c.serve(group_request(9, "warm"))
+    used: Counter[str] = Counter()
+    for i in range(24):  # in flight together: nothing completes
+        req = group_request(9, f"hot{i}")
+        decision = c.router.route(req)
+        c.router.on_dispatch(req, decision)
+        used[decision.node_id] += 1
+    assert used[home] >= 3  # affinity holds while the node has room
+    assert len(used) >= 3  # then the load guard spills to other nodes
+    assert max(used.values()) <= 12
+
+
+def test_load_guard_is_per_request(cluster_factory: Factory) -> None:
+    c = cluster_factory()
+    owners = {g: c.serve(group_request(g, f"seed{g}")) for g in range(8)}
+    hot = owners[0]
+    c.report(hot, running=2, waiting=20)  # only this node is overloaded
+    spilled = c.router.route(group_request(0, "q"))
+    assert spilled.node_id != hot and spilled.reason in ("load_guard_spill", "home_set")
+    for g, node in owners.items():
+        if node != hot:
+            d = c.router.route(group_request(g, "q"))
+            assert (d.node_id, d.reason) == (node, "prefix_match")  # others keep affinity
+
+
+def test_flag_cache_affinity(cluster_factory: Factory) -> None:
+    c = cluster_factory()
+    req = group_request(3, "q")
+    home = c.router.ring.home_set(req.route_key, 2)
+    outsider = next(n for n in c.nodes.node_ids if n not in home)
+    c.router.index.record(outsider, req.block_hashes, c.clock.now())
+    assert c.router.route(req).node_id == outsider
+    c.flags.set("cache_affinity", False)
+    d = c.router.route(req)
+    assert d.node_id in home and d.reason == "home_set"
+
+
+def test_flag_consistent_hashing(cluster_factory: Factory) -> None:
+    c = cluster_factory(bounded_load_factor=3.0)  # loose bound: the home set stays put
+    req = group_request(4, "q")
+    home = c.router.ring.home_set(req.route_key, 2)
+    for node_id in c.nodes.node_ids:
+        c.report(node_id, running=1 if node_id in home else 0)
+    d = c.router.route(req)
+    assert d.node_id in home and d.reason == "home_set"
+    c.flags.set("consistent_hashing", False)
+    d = c.router.route(req)
+    assert d.node_id not in home and d.reason == "least_load_miss"
+
+
+def test_flag_load_guard(cluster_factory: Factory) -> None:
+    c = cluster_factory()
+    c.flags.set("consistent_hashing", False)
+    owner = c.serve(group_request(2, "seed"))
+    c.report(owner, running=4, waiting=10)
+    assert c.router.route(group_request(2, "q")).node_id != owner
+    c.flags.set("load_guard", False)
+    d = c.router.route(group_request(2, "q"))
+    assert (d.node_id, d.reason) == (owner, "prefix_match")  # affinity may overload
+
+
+def test_flag_hit_feedback_and_demotion_restore(cluster_factory: Factory) -> None:
+    c = cluster_factory()
+    c.flags.set("consistent_hashing", False)
+    owner = c.serve(group_request(6, "seed"))
+    c.flags.set("hit_feedback", False)
+    c.serve(group_request(6, "r1"), cached=0)  # a full miss, but feedback is off
+    assert c.router.route(group_request(6, "r2")).node_id == owner
+    c.flags.set("hit_feedback", True)
+    decision = c.router.route(group_request(6, "r3"))
+    assert decision.node_id == owner
+    c.router.on_dispatch(group_request(6, "r3"), decision)
+    c.router.on_complete(group_request(6, "r3"), decision, ok=True, actual_cached_tokens=0, output_tokens=1)
+    assert c.router.feedback.is_demoted(owner, group_request(6, "x").route_key)
+    after = c.router.route(group_request(6, "r4"))
+    assert after.expected_cached_tokens == 0  # no longer promised anywhere
+    # the demoted node serves the prefix again with real hits: restored
+    c.router.on_dispatch(group_request(6, "r5"), RouteDecision(owner, "test", 0, "hybrid"))
+    c.router.on_complete(
+        group_request(6, "r5"), RouteDecision(owner, "test", 0, "hybrid"), ok=True, actual_cached_tokens=512, output_tokens=1
+    )
+    assert not c.router.feedback.is_demoted(owner, group_request(6, "x").route_key)
+    d = c.router.route(group_request(6, "r6"))
+    assert (d.node_id, d.reason) == (owner, "prefix_match")
+    text = generate_latest(c.router.metrics.registry).decode()
+    assert f'kvgate_node_demotions_total{{node="{owner}"}} 1.0' in text
+
+
+def test_flag_cold_boost_and_decay(cluster_factory: Factory) -> None:
+    c = cluster_factory(n=3, warmup_s=600)
+    c.flags.set("consistent_hashing", False)
+    c.clock.advance(600)
+    c.nodes.add_node(NodeSpec("new", "http://new"))
+    c.report_all()
+    boosted = Counter(c.router.route(group_request(100 + i, "q")).node_id for i in range(20))
+    assert boosted["new"] == 20
+    assert c.router.snapshot()["nodes"]["new"]["cold_boost"] == 1.0
+    c.flags.set("cold_boost", False)
+    plain = Counter(c.router.route(group_request(100 + i, "q")).node_id for i in range(20))
+    assert plain["new"] < 15 and len(plain) >= 3
+    c.flags.set("cold_boost", True)
+    c.clock.advance(300)
+    c.report_all()
+    assert c.nodes.cold_boost("new") == pytest.approx(0.5)
+    c.clock.advance(300)
+    c.report_all()
+    assert c.router.snapshot()["nodes"]["new"]["cold_boost"] == 0.0
+
+
+def test_restart_purges_index_and_restarts_boost(cluster_factory: Factory) -> None:
+    c = cluster_factory(warmup_s=100)
+    c.report_all(process_start_time=1.0)
+    owner = c.serve(group_request(1, "a"))
+    c.clock.advance(200)
+    assert c.nodes.cold_boost(owner) == 0.0
+    c.report(owner, process_start_time=2.0)
+    assert c.nodes.state_of(owner) == NodeState.REREGISTER
+    assert c.router.index.match(group_request(1, "b").block_hashes, c.clock.now()) == {}
+    assert c.nodes.cold_boost(owner) == 1.0
+    c.report(owner, process_start_time=2.0)
+    assert c.nodes.state_of(owner) == NodeState.HEALTHY
+
+
+def test_states_filter_nodes(cluster_factory: Factory) -> None:
+    c = cluster_factory(n=2, backoff_token_threshold=1000)
+    c.nodes.set_state("n0", NodeState.BACKOFF)
+    small = group_request(1, "s", prefix_blocks=2)  # 70 prompt + 16 max tokens
+    big = group_request(1, "b", prefix_blocks=64)
+    assert {c.router.route(big).node_id for _ in range(10)} == {"n1"}
+    assert {c.router.route(small, exclude=("n1",)).node_id} == {"n0"}
+    c.nodes.set_state("n1", NodeState.QUIESCING)
+    with pytest.raises(NoNodeAvailable, match="backoff_size=1"):
+        c.router.route(big)
+    c.clock.advance(16)  # no reports: both unreachable
+    c.nodes.set_state("n0", NodeState.HEALTHY)
+    with pytest.raises(NoNodeAvailable, match="state=2"):
+        c.router.route(small)
+
+
+def test_quiescing_node_finishes_in_flight_work(cluster_factory: Factory) -> None:
+    c = cluster_factory(n=2)
+    req = group_request(1, "a")
+    decision = c.router.route(req)
+    c.router.on_dispatch(req, decision)
+    c.nodes.set_state(decision.node_id, NodeState.QUIESCING)
+    assert c.router.route(group_request(1, "b")).node_id != decision.node_id
+    c.router.on_progress(req, decision, 10)
+    assert c.nodes.get(decision.node_id).inflight_tokens == req.prompt_tokens + 10  # type: ignore[union-attr]
+    c.router.on_complete(req, decision, ok=True, actual_cached_tokens=0, output_tokens=10)
+    assert c.nodes.get(decision.node_id).inflight_requests == 0  # type: ignore[union-attr]
+
+
+def test_failed_request_does_not_feed_the_index(cluster_factory: Factory) -> None:
+    c = cluster_factory()
+    req = group_request(1, "a")
+    decision = c.router.route(req)
+    c.router.on_dispatch(req, decision)
+    c.router.on_complete(req, decision, ok=False, actual_cached_tokens=None, output_tokens=0)
+    assert len(c.router.index) == 0
+    assert c.nodes.get(decision.node_id).inflight_requests == 0  # type: ignore[union-attr]
+
+
+def test_removed_node_leaves_ring_and_index(cluster_factory: Factory) -> None:
+    c = cluster_factory()
+    owner = c.serve(group_request(1, "a"))
+    c.nodes.remove_node(owner)
+    assert owner not in c.router.ring.nodes and len(c.router.index) == 0
+    assert c.router.route(group_request(1, "b")).node_id != owner
+
+
+@pytest.mark.parametrize(
+    "policy", ["random", "round_robin", "least_request", "least_load", "consistent_hash", "cache_aware", "hybrid"]
+)
+def test_every_builtin_policy_routes(cluster_factory: Factory, policy: str) -> None:
+    c = cluster_factory(policy=policy)
+    assert c.router.policy_name == policy
+    nodes = {c.serve(group_request(g, "a")) for g in range(16)}
+    assert nodes <= set(c.nodes.node_ids)
+    assert c.router.route(group_request(0, "b"), exclude=("n0", "n1", "n2")).node_id == "n3"
+
+
+def test_round_robin_cycles_and_least_request_balances(cluster_factory: Factory) -> None:
+    c = cluster_factory(policy="round_robin")
+    assert [c.router.route(group_request(1, "a")).node_id for _ in range(5)] == ["n0", "n1", "n2", "n3", "n0"]
+    c.router.set_policy("least_request")
+    for i in range(8):
+        req = group_request(1, f"r{i}")
+        c.router.on_dispatch(req, c.router.route(req))
+    assert all(e.inflight_requests == 2 for e in c.nodes.list())
+
+
+def test_cache_aware_prefers_the_longest_match(cluster_factory: Factory) -> None:
+    c = cluster_factory(policy="cache_aware")
+    req = group_request(1, "a")
+    c.router.index.record("n2", req.block_hashes[:5], c.clock.now())
+    c.router.index.record("n3", req.block_hashes[:20], c.clock.now())
+    d = c.router.route(req)
+    assert (d.node_id, d.reason, d.expected_cached_tokens) == ("n3", "prefix_match", 320)
+
+
+def test_custom_policy_plugs_in(cluster_factory: Factory) -> None:
+    class LastNode:
+        name = "test_last_node"
+
+        def choose(self, req: RouteRequest, ctx: RoutingContext) -> RouteDecision:
+            node_id = sorted(ctx.node_ids)[-1]
+            return RouteDecision(node_id, "last", ctx.expected_cached(req, node_id), self.name)
+
+    register_policy("test_last_node", LastNode)
+    c = cluster_factory(policy="test_last_node")
+    assert c.router.route(group_request(1, "a")).node_id == "n3"
+
+
+def test_snapshot_and_metrics(cluster_factory: Factory) -> None:
+    c = cluster_factory()
+    c.report_all(running=1, kv_usage=0.25, prefix_hit_rate=0.5)
+    for i in range(4):
+        c.serve(group_request(1, f"r{i}"))
+    snap = c.router.snapshot()
+    json.dumps(snap)
+    node = next(v for v in snap["nodes"].values() if v["actual_cached_tokens"])
+    assert node["predicted_hit_rate"] == node["actual_hit_rate"] > 0
+    assert node["engine_prefix_hit_rate"] == 0.5 and node["kv_usage"] == 0.25
+    assert snap["decisions_total"] == {"hybrid/home_set": 1, "hybrid/prefix_match": 3}
+    assert snap["prefix_index"]["entries"] == len(c.router.index) > 0
+    text = generate_latest(c.router.metrics.registry).decode()
+    for name in (
+        'kvgate_route_decisions_total{policy="hybrid",reason="prefix_match"} 3.0',
+        "kvgate_route_expected_cached_tokens_total",
+        "kvgate_route_actual_cached_tokens_total",
+        'kvgate_node_state{node="n0",state="healthy"} 1.0',
+        "kvgate_prefix_index_entries",
+        "kvgate_prefix_index_evictions_total",
+        'kvgate_cold_boost{node="n0"}',
+    ):
+        assert name in text, name
+
+
+def test_index_evictions_are_counted(cluster_factory: Factory) -> None:
+    c = cluster_factory(index_max_entries=100)
+    for g in range(10):
+        c.serve(group_request(g, "a"))
+    assert len(c.router.index) <= 100
+    text = generate_latest(c.router.metrics.registry).decode()
+    assert f"kvgate_prefix_index_evictions_total {float(c.router.index.evictions)}" in text
+    assert c.router.index.evictions > 0

@@ -119,18 +119,20 @@ def run_http(args: argparse.Namespace, baseline: bool) -> dict[str, float]:
             "rps_per_core": ok / cpu if cpu else 0.0}  # fmt: skip
 
 
-def run_model(n_requests: int, token_events: bool) -> dict[str, float]:
-    """One engine in virtual time: Poisson arrivals near saturation, shared prefixes."""
+def run_model(n_requests: int, token_events: bool, rate: float = 20.0) -> dict[str, float]:
+    """One engine in virtual time: Poisson arrivals at ``rate``/s, shared prefixes."""
     profile = get_profile("llama3-8b-h100")
     core = EngineCore(profile, token_events=token_events)
     rng = random.Random(7)
     prefixes = [[rng.getrandbits(64) for _ in range(64)] for _ in range(16)]
     t = 0.0
     events = 0
+    running = 0
     started = time.process_time()
     for i in range(n_requests):
-        t += rng.expovariate(20.0)
+        t += rng.expovariate(rate)
         events += len(core.advance_to(t))
+        running += len(core.scheduler.running)
         prompt = rng.randint(200, 2000)
         hashes = prefixes[rng.randrange(16)][: prompt // 32]
         core.add_request(EngineRequest(f"r{i}", prompt, hashes, rng.randint(50, 400)), t)
@@ -140,6 +142,7 @@ def run_model(n_requests: int, token_events: bool) -> dict[str, float]:
     s = core.stats()
     return {"requests": n_requests, "cpu_s": cpu, "us_per_request": cpu / n_requests * 1e6,
             "steps": s.steps, "events": events, "sim_seconds": core.now,
+            "avg_running": running / n_requests,
             "projected_1m_s": cpu / n_requests * 1e6}  # fmt: skip
 
 
@@ -159,6 +162,12 @@ def main() -> int:
             f"{model['steps']} steps, {model['events']} events, {model['cpu_s']:.2f} s CPU = "
             f"{model['us_per_request']:.1f} us/request -> 1M requests ~ "
             f"{model['projected_1m_s']:.0f} s CPU"
+        )
+    for rate in (5.0, 20.0, 40.0):
+        model = run_model(args.model_requests // 2, False, rate)
+        print(
+            f"model load sweep: {rate:g} req/s -> {model['avg_running']:.0f} running on "
+            f"average, {model['us_per_request']:.0f} us/request"
         )
     base = run_http(args, baseline=True)
     sim = run_http(args, baseline=False)

@@ -12,7 +12,9 @@ of ``Router.route`` for hybrid and for round_robin in the same run (ratio), the 
 from __future__ import annotations
 
 import argparse
+import gc
 import random
+import resource
 import statistics
 import sys
 import time
@@ -109,6 +111,7 @@ def main() -> int:
     results: dict[str, tuple[float, float]] = {}
     for policy in ("hybrid", "round_robin", "hybrid(cold)"):
         t0 = time.perf_counter()
+        rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         cold = policy.endswith("(cold)")
         router, clock = build_router(
             policy.removesuffix("(cold)"), args.entries, random.Random(7), warm=not cold
@@ -117,6 +120,10 @@ def main() -> int:
         for depth, node in ((400, "node03"), (375, "node17"), (120, "node40"), (512, "node55")):
             router.index.record(node, req.block_hashes[:depth], now=clock.now())
         fill_s = time.perf_counter() - t0
+        if policy == "hybrid":
+            grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
+            print(f"index memory: +{grown:.0f} MiB peak RSS for {len(router.index):,} entries")
+        gc.collect()  # one full pass after the bulk fill, as a long-running gateway has had
         clock.advance(1.0)
         decision = router.route(req)
         samples = timed(lambda r=router: r.route(req), args.iterations)

@@ -52,5 +52,8 @@ async def test_every_queried_metric_is_exported() -> None:
     missing = sorted(queried - exported)
     assert not missing, f"dashboard queries metrics the gateway does not export: {missing}"
     # the mechanisms the issue names each have a panel
-    for needed in ("kvgate_predicted_cached_tokens_total", "kvgate_actual_cached_tokens_total"):
+    for needed in (
+        "kvgate_route_expected_cached_tokens_total",
+        "kvgate_route_actual_cached_tokens_total",
+    ):
         assert needed in queried

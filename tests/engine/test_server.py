@@ -291,3 +291,18 @@ def test_sigterm_exits_cleanly_and_ends_inflight_streams() -> None:
         raise
     finally:
         eng.stop()
+
+
+def test_streamed_text_with_stop_matches_the_non_streamed_text(engine: EngineProcess) -> None:
+    client = openai.OpenAI(base_url=engine.urls[1] + "/v1", api_key="none")
+    args: dict[str, Any] = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Write a few sentences about caching."}],
+        "max_tokens": 200,
+        "stop": ["."],
+    }
+    whole = client.chat.completions.create(**args)
+    chunks = list(client.chat.completions.create(**args, stream=True))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == whole.choices[0].message.content and streamed
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason == "stop"

@@ -78,7 +78,7 @@ async def test_groups_land_on_their_prefix_and_spread(four_engines) -> None:
                 assert status == 200, body
                 homes.setdefault(group, set()).add(headers["X-KVGate-Node"])
                 if rep > 0:
-                    assert cached(body) >= 0.8 * prefix_len * 0.9, (group, rep, body["usage"])
+                    assert cached(body) >= 0.8 * prefix_len, (group, rep, body["usage"])
         first_nodes = Counter(next(iter(n)) for n in homes.values())
         assert len(first_nodes) >= 3, homes
         assert all(len(nodes) == 1 for nodes in homes.values()), homes
@@ -144,19 +144,29 @@ async def test_reset_prefix_cache_demotes_the_node(four_engines) -> None:
         assert headers["X-KVGate-Node"] == home and cached(body) > 0
         predicted = int(headers["X-KVGate-Expected-Cached-Tokens"])
         assert predicted > 0
-        home_url = urls[int(home[1:])]
-        async with s.post(home_url + "/reset_prefix_cache") as r:
+        async with s.post(
+            urls[[f"e{i}" for i in range(4)].index(home)] + "/reset_prefix_cache"
+        ) as r:
             assert r.status == 200
+        # the index still points at the home node, whose engine no longer holds the prefix
         _, headers, body = await chat(s, gw.url, 300, "c")
-        if headers["X-KVGate-Node"] == home:
-            assert cached(body) < int(headers["X-KVGate-Expected-Cached-Tokens"])
-        # after the shortfall the router stops promising that prefix on the reset node
-        _, headers2, _ = await chat(s, gw.url, 300, "d")
-        assert (
-            headers2["X-KVGate-Node"] != home
-            or int(headers2["X-KVGate-Expected-Cached-Tokens"]) < predicted
-        )
+        assert headers["X-KVGate-Node"] == home
+        assert int(headers["X-KVGate-Expected-Cached-Tokens"]) > 0
+        assert cached(body) < int(headers["X-KVGate-Expected-Cached-Tokens"]) * 0.5
         async with s.get(gw.url + "/metrics") as r:
             text = await r.text()
-        assert f'kvgate_predicted_cached_tokens_total{{node="{home}"}}' in text
-        assert f'kvgate_actual_cached_tokens_total{{node="{home}"}}' in text
+        assert f'kvgate_node_demotions_total{{node="{home}"}} 1.0' in text
+        expected = actual = None
+        for line in text.splitlines():
+            if line.startswith(f'kvgate_route_expected_cached_tokens_total{{node="{home}"}}'):
+                expected = float(line.split()[-1])
+            if line.startswith(f'kvgate_route_actual_cached_tokens_total{{node="{home}"}}'):
+                actual = float(line.split()[-1])
+        assert expected is not None and actual is not None and actual < expected
+        async with s.get(gw.url + "/admin/summary", headers=ADMIN) as r:
+            row = next(n for n in (await r.json())["nodes"] if n["node_id"] == home)
+        assert row["demotions"] == 1
+        assert row["actual_hit_rate"] < row["predicted_hit_rate"]
+        # after the shortfall the node is demoted for that prefix: nothing is promised there
+        _, headers, _ = await chat(s, gw.url, 300, "d")
+        assert headers["X-KVGate-Node"] != home or headers["X-KVGate-Expected-Cached-Tokens"] == "0"

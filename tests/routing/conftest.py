@@ -38,16 +38,22 @@ class Cluster:
         for node_id in self.nodes.node_ids:
             self.report(node_id, **fields)
 
-    def serve(self, req: RouteRequest, *, cached: int | None = None, exclude: tuple[str, ...] = ()) -> str:
+    def serve(
+        self, req: RouteRequest, *, cached: int | None = None, exclude: tuple[str, ...] = ()
+    ) -> str:
         """Route, dispatch and complete one request; ``cached`` defaults to the prediction."""
         decision = self.router.route(req, exclude=exclude)
         self.router.on_dispatch(req, decision)
         actual = decision.expected_cached_tokens if cached is None else cached
-        self.router.on_complete(req, decision, ok=True, actual_cached_tokens=actual, output_tokens=4)
+        self.router.on_complete(
+            req, decision, ok=True, actual_cached_tokens=actual, output_tokens=4
+        )
         return decision.node_id
 
 
-def group_request(group: int, request_id: str, *, prefix_blocks: int = 32, tail: int = 2) -> RouteRequest:
+def group_request(
+    group: int, request_id: str, *, prefix_blocks: int = 32, tail: int = 2
+) -> RouteRequest:
     """A request whose first ``prefix_blocks`` blocks are shared by its group."""
     pieces = [f" g{group}w{i}" for i in range(prefix_blocks * 16)]
     pieces += [f" {request_id}t{i}" for i in range(tail * 16 + 3)]

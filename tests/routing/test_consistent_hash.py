@@ -58,7 +58,7 @@ def test_bounded_load_skips_overloaded_node() -> None:
 def test_bounded_load_keeps_every_node_under_c_times_average() -> None:
     ring = HashRing([f"n{i}" for i in range(4)], virtual_nodes=100, load_factor=1.25)
     loads = {n: 0.0 for n in ring.nodes}
-    for i in range(400):
+    for _i in range(400):
         node = ring.home_set("model:single-hot-key", 1, loads)[0]
         loads[node] += 1
         assert max(loads.values()) <= 1.25 * sum(loads.values()) / 4 + 1

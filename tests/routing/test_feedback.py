@@ -11,17 +11,30 @@ def test_consecutive_shortfalls_demote_then_a_hit_restores() -> None:
     assert fb.record("n1", "k", actual_cached_tokens=10, **kw) is None
     assert fb.record("n1", "k", actual_cached_tokens=10, **kw) is None
     assert fb.record("n1", "k", actual_cached_tokens=10, **kw) == "demoted"
-    assert fb.is_demoted("n1", "k") and not fb.is_demoted("n1", "other") and not fb.is_demoted("n2", "k")
-    assert fb.record("n1", "k", expected_cached_tokens=0, actual_cached_tokens=0, prompt_tokens=120) is None
+    assert (
+        fb.is_demoted("n1", "k")
+        and not fb.is_demoted("n1", "other")
+        and not fb.is_demoted("n2", "k")
+    )
+    assert (
+        fb.record("n1", "k", expected_cached_tokens=0, actual_cached_tokens=0, prompt_tokens=120)
+        is None
+    )
     assert fb.is_demoted("n1", "k")
-    assert fb.record("n1", "k", expected_cached_tokens=0, actual_cached_tokens=64, prompt_tokens=120) == "restored"
+    assert (
+        fb.record("n1", "k", expected_cached_tokens=0, actual_cached_tokens=64, prompt_tokens=120)
+        == "restored"
+    )
     assert not fb.is_demoted("n1", "k")
     assert fb.nodes["n1"].demotions == 1
 
 
 def test_full_miss_demotes_at_once() -> None:
     fb = HitFeedback(demote_after=3)
-    assert fb.record("n1", "k", expected_cached_tokens=100, actual_cached_tokens=0, prompt_tokens=120) == "demoted"
+    assert (
+        fb.record("n1", "k", expected_cached_tokens=100, actual_cached_tokens=0, prompt_tokens=120)
+        == "demoted"
+    )
 
 
 def test_demotion_can_be_disabled_and_unknown_usage_is_ignored() -> None:
@@ -46,5 +59,7 @@ def test_per_node_totals_and_rates() -> None:
 def test_pair_table_is_bounded() -> None:
     fb = HitFeedback(max_entries=10)
     for i in range(50):
-        fb.record("n1", f"k{i}", expected_cached_tokens=10, actual_cached_tokens=10, prompt_tokens=20)
+        fb.record(
+            "n1", f"k{i}", expected_cached_tokens=10, actual_cached_tokens=10, prompt_tokens=20
+        )
     assert len(fb._pairs) == 10

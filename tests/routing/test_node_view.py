@@ -97,7 +97,7 @@ def test_admin_state_is_sticky_over_hints() -> None:
 
 
 def test_admin_reregister_purges() -> None:
-    clock, view = make_view()
+    _clock, view = make_view()
     purged: list[str] = []
     view.subscribe(on_reregister=purged.append)
     view.set_state("a", NodeState.REREGISTER)
@@ -125,7 +125,7 @@ def test_load_counts_queue_and_kv_usage() -> None:
 
 
 def test_add_remove_and_unknown_nodes() -> None:
-    clock, view = make_view()
+    _clock, view = make_view()
     removed: list[str] = []
     view.subscribe(on_remove=removed.append)
     assert view.apply_report(NodeReport(node_id="ghost", timestamp=0)) is None

@@ -89,3 +89,20 @@ def test_route_key_cache_is_lru() -> None:
     cache.put("c", ("n3",))
     assert cache.get("b") is None
     assert cache.get("a") == ("n1",) and len(cache) == 2
+
+
+def test_entry_count_stays_exact_with_shared_blocks() -> None:
+    index = PrefixIndex(ttl_s=50, max_entries=40)
+    for i in range(30):
+        hashes = chain(f"s{i % 6}-", 5)
+        index.record(f"n{i % 4}", hashes, now=float(i))
+        index.record(f"n{(i + 1) % 4}", hashes[:3], now=float(i))
+        total = sum(len(index.match(hashes, now=float(i))) for _ in [0])
+        assert total >= 1
+        assert len(index) <= 40
+        assert len(index) == sum(
+            1 if isinstance(v, tuple) else len(v)
+            for v in index._blocks.values()  # the bookkeeping matches the contents
+        )
+    index.expire(now=1000)
+    assert len(index) == 0 and index.stats().blocks == 0

@@ -41,8 +41,14 @@ def test_blocks_match_the_engine_rendering() -> None:
 
 
 def test_users_sessions_and_keys_do_not_split_the_route_key() -> None:
-    a = build(chat("question one", user="alice"), {"Authorization": "Bearer k1", "X-Session-Id": "s1"})
-    b = build(chat("another question", user="bob"), {"Authorization": "Bearer k2", "X-Session-Id": "s2"}, tenant="other")
+    a = build(
+        chat("question one", user="alice"), {"Authorization": "Bearer k1", "X-Session-Id": "s1"}
+    )
+    b = build(
+        chat("another question", user="bob"),
+        {"Authorization": "Bearer k2", "X-Session-Id": "s2"},
+        tenant="other",
+    )
     assert a.route_key == b.route_key
     assert a.block_hashes[:10] == b.block_hashes[:10]  # same candidates from the index
 
@@ -54,13 +60,19 @@ def test_stable_prefix_parts_change_the_route_key() -> None:
     assert build(chat("q", tools=tools)).route_key != base
     assert build(chat("q"), {"x-kb-version": "v7"}).route_key != base
     configured = RouteKeyConfig(kb_version="v7")
-    assert build(chat("q"), config=configured).route_key == build(chat("q"), {"X-KB-Version": "v7"}).route_key
+    assert (
+        build(chat("q"), config=configured).route_key
+        == build(chat("q"), {"X-KB-Version": "v7"}).route_key
+    )
     assert build({**chat("q"), "model": "m2"}).route_key != base
 
 
 def test_route_key_sources_can_be_switched_off() -> None:
     no_system = RouteKeyConfig(include_system_prompt=False)
-    assert build(chat("q"), config=no_system).route_key == build(chat("q", system="x"), config=no_system).route_key
+    assert (
+        build(chat("q"), config=no_system).route_key
+        == build(chat("q", system="x"), config=no_system).route_key
+    )
 
 
 def test_completions_endpoint() -> None:
@@ -83,13 +95,26 @@ def test_completions_endpoint() -> None:
         ({"prompt": 7}, "completions", "prompt"),
     ],
 )
-def test_bad_bodies_raise_prompt_error_naming_the_field(body: dict[str, Any], endpoint: str, field: str) -> None:
+def test_bad_bodies_raise_prompt_error_naming_the_field(
+    body: dict[str, Any], endpoint: str, field: str
+) -> None:
     with pytest.raises(PromptError, match=field):
         build(body, endpoint=endpoint)
 
 
 def test_direct_construction_for_the_simulator() -> None:
     req = route_request_from_tokens(
-        request_id="s1", model="m", prompt_tokens=40, block_hashes=[1, 2], stable_prefix_digest="abc"
+        request_id="s1",
+        model="m",
+        prompt_tokens=40,
+        block_hashes=[1, 2],
+        stable_prefix_digest="abc",
     )
-    assert req.route_key == "m:abc" and req.block_hashes == [1, 2] and req.total_tokens_estimate == 296
+    assert (
+        req.route_key == "m:abc" and req.block_hashes == [1, 2] and req.total_tokens_estimate == 296
+    )
+
+
+def test_unknown_endpoint_is_a_prompt_error() -> None:
+    with pytest.raises(PromptError, match="endpoint"):
+        build({"prompt": "x"}, endpoint="embeddings")

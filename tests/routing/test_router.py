@@ -24,7 +24,11 @@ def test_first_request_goes_home_then_follows_its_cache(cluster_factory: Factory
     c.router.on_dispatch(req, first)
     c.router.on_complete(req, first, ok=True, actual_cached_tokens=0, output_tokens=1)
     again = c.router.route(group_request(1, "b"))
-    assert (again.node_id, again.reason, again.expected_cached_tokens) == (first.node_id, "prefix_match", 512)
+    assert (again.node_id, again.reason, again.expected_cached_tokens) == (
+        first.node_id,
+        "prefix_match",
+        512,
+    )
 
 
 def test_groups_spread_at_concurrency_one(cluster_factory: Factory) -> None:
@@ -125,14 +129,20 @@ def test_flag_hit_feedback_and_demotion_restore(cluster_factory: Factory) -> Non
     decision = c.router.route(group_request(6, "r3"))
     assert decision.node_id == owner
     c.router.on_dispatch(group_request(6, "r3"), decision)
-    c.router.on_complete(group_request(6, "r3"), decision, ok=True, actual_cached_tokens=0, output_tokens=1)
+    c.router.on_complete(
+        group_request(6, "r3"), decision, ok=True, actual_cached_tokens=0, output_tokens=1
+    )
     assert c.router.feedback.is_demoted(owner, group_request(6, "x").route_key)
     after = c.router.route(group_request(6, "r4"))
     assert after.expected_cached_tokens == 0  # no longer promised anywhere
     # the demoted node serves the prefix again with real hits: restored
     c.router.on_dispatch(group_request(6, "r5"), RouteDecision(owner, "test", 0, "hybrid"))
     c.router.on_complete(
-        group_request(6, "r5"), RouteDecision(owner, "test", 0, "hybrid"), ok=True, actual_cached_tokens=512, output_tokens=1
+        group_request(6, "r5"),
+        RouteDecision(owner, "test", 0, "hybrid"),
+        ok=True,
+        actual_cached_tokens=512,
+        output_tokens=1,
     )
     assert not c.router.feedback.is_demoted(owner, group_request(6, "x").route_key)
     d = c.router.route(group_request(6, "r6"))
@@ -224,7 +234,16 @@ def test_removed_node_leaves_ring_and_index(cluster_factory: Factory) -> None:
 
 
 @pytest.mark.parametrize(
-    "policy", ["random", "round_robin", "least_request", "least_load", "consistent_hash", "cache_aware", "hybrid"]
+    "policy",
+    [
+        "random",
+        "round_robin",
+        "least_request",
+        "least_load",
+        "consistent_hash",
+        "cache_aware",
+        "hybrid",
+    ],
 )
 def test_every_builtin_policy_routes(cluster_factory: Factory, policy: str) -> None:
     c = cluster_factory(policy=policy)
@@ -236,7 +255,13 @@ def test_every_builtin_policy_routes(cluster_factory: Factory, policy: str) -> N
 
 def test_round_robin_cycles_and_least_request_balances(cluster_factory: Factory) -> None:
     c = cluster_factory(policy="round_robin")
-    assert [c.router.route(group_request(1, "a")).node_id for _ in range(5)] == ["n0", "n1", "n2", "n3", "n0"]
+    assert [c.router.route(group_request(1, "a")).node_id for _ in range(5)] == [
+        "n0",
+        "n1",
+        "n2",
+        "n3",
+        "n0",
+    ]
     c.router.set_policy("least_request")
     for i in range(8):
         req = group_request(1, f"r{i}")
@@ -299,3 +324,80 @@ def test_index_evictions_are_counted(cluster_factory: Factory) -> None:
     text = generate_latest(c.router.metrics.registry).decode()
     assert f"kvgate_prefix_index_evictions_total {float(c.router.index.evictions)}" in text
     assert c.router.index.evictions > 0
+
+
+def test_different_users_with_one_system_prompt_share_candidates(cluster_factory: Factory) -> None:
+    from kvgate.routing import build_route_request
+
+    c = cluster_factory()
+    system = "You are the billing assistant. " * 40
+
+    def request(user: str, question: str) -> RouteRequest:
+        body = {
+            "model": "m",
+            "user": user,
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": question},
+            ],
+        }
+        return build_route_request(
+            body,
+            endpoint="chat",
+            headers={"Authorization": f"Bearer key-{user}"},
+            request_id=user,
+            tenant=user,
+            priority=0,
+            config=c.config.route_key,
+        )
+
+    alice, bob = request("alice", "Where is my invoice?"), request("bob", "Cancel my plan.")
+    assert alice.route_key == bob.route_key
+    owner = c.serve(alice)
+    d = c.router.route(bob)
+    assert (d.node_id, d.reason) == (owner, "prefix_match") and d.expected_cached_tokens > 0
+    assert set(d.candidates) >= {owner}
+
+
+def test_load_guard_watches_kv_usage_and_queue(cluster_factory: Factory) -> None:
+    c = cluster_factory()
+    c.flags.set("consistent_hashing", False)
+    owner = c.serve(group_request(7, "seed"))
+    c.report(owner, kv_usage=0.97, running=0)
+    assert c.router.route(group_request(7, "q")).reason == "load_guard_spill"
+    c.report(owner, kv_usage=0.1)
+    c.clock.advance(20)  # the smoothing window forgets the full-KV sample
+    c.report_all()
+    assert c.router.route(group_request(7, "q")).reason == "prefix_match"
+
+
+def test_ties_break_by_load_then_at_random(cluster_factory: Factory) -> None:
+    c = cluster_factory()
+    c.report("n0", running=1)
+    c.router.route(group_request(1, "probe"))  # builds nothing persistent
+    from kvgate.routing.policies.filters import eligible_nodes
+
+    eligible, loads, _ = eligible_nodes(c.nodes, group_request(1, "x"), c.config, c.clock.now())
+    ctx = RoutingContext(
+        config=c.config,
+        flags=c.flags,
+        nodes=c.nodes,
+        index=c.router.index,
+        ring=c.router.ring,
+        feedback=c.router.feedback,
+        rng=c.router.rng,
+        now=c.clock.now(),
+        eligible=eligible,
+        loads=loads,
+    )
+    picks = Counter(ctx.pick(dict.fromkeys(loads, 1.0)) for _ in range(200))
+    assert "n0" not in picks  # same score, higher load
+    assert set(picks) == {"n1", "n2", "n3"}  # the rest share the tie at random
+
+
+def test_no_nodes_at_all(cluster_factory: Factory) -> None:
+    c = cluster_factory(n=0)
+    with pytest.raises(NoNodeAvailable, match="no nodes configured"):
+        c.router.route(group_request(1, "a"))
+    text = generate_latest(c.router.metrics.registry).decode()
+    assert 'kvgate_route_no_node_total{policy="hybrid"} 1.0' in text

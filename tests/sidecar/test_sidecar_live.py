@@ -1,7 +1,7 @@
 """The sidecar loop in-process against real simulated engines (``kvgate engine-sim``).
 
-The store is the project's MemoryStore (the process-level tests use Redis and etcd);
-the engine is a real subprocess on a free port. Fast intervals keep each test short.
+The store is a real Redis (a fresh key per test); the engine is a real subprocess on a
+free port. Fast intervals keep each test short.
 """
 
 from __future__ import annotations
@@ -10,14 +10,17 @@ import asyncio
 import json
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import aiohttp
+import pytest
 
 from kvgate.sidecar.decision import SaturationPolicy
 from kvgate.sidecar.sidecar import Sidecar, SidecarConfig
+from kvgate.store import open_store
+from kvgate.store.base import KVStore
 from kvgate.store.keys import NODES_PREFIX, node_key
-from kvgate.store.memory import MemoryStore
 from kvgate.types import NodeState
 from tests.fixtures.engines import EngineProcess
 
@@ -34,6 +37,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@pytest.fixture
+async def store(redis_server: Any) -> AsyncIterator[KVStore]:
+    s = open_store(redis_server.url)
+    await s.delete(node_key("sim-1"))
+    yield s
+    await s.delete(node_key("sim-1"))
+    await s.close()
 
 
 def config(url: str, **kw: object) -> SidecarConfig:
@@ -61,16 +73,16 @@ async def complete(session: aiohttp.ClientSession, url: str, max_tokens: int) ->
     return data  # type: ignore[no-any-return]
 
 
-async def stored(store: MemoryStore, node_id: str = "sim-1") -> dict | None:  # type: ignore[type-arg]
+async def stored(store: KVStore, node_id: str = "sim-1") -> dict | None:  # type: ignore[type-arg]
     value = await store.get(node_key(node_id))
     return json.loads(value) if value else None
 
 
 async def test_registers_with_url_model_capacity_and_pool(
     sim_engines: Callable[..., EngineProcess],
+    store: KVStore,
 ) -> None:
     engine = sim_engines(kv_blocks=256)
-    store = MemoryStore()
     sidecar = Sidecar(config(engine.url), store)
     try:
         await sidecar.tick()
@@ -89,9 +101,9 @@ async def test_registers_with_url_model_capacity_and_pool(
 
 async def test_sigterm_style_stop_drains_in_flight_requests_then_deregisters(
     sim_engines: Callable[..., EngineProcess],
+    store: KVStore,
 ) -> None:
     engine = sim_engines(time_scale=2.0)
-    store = MemoryStore()
     sidecar = Sidecar(config(engine.url), store)
     events: list[tuple[float, str | None]] = []
 
@@ -112,7 +124,10 @@ async def test_sigterm_style_stop_drains_in_flight_requests_then_deregisters(
         stop.set()  # what the CLI's SIGTERM handler does
         results = await asyncio.gather(*requests)
         await asyncio.wait_for(run, timeout=20)
-    await asyncio.sleep(0.05)
+    for _ in range(100):  # the store's watch delivers the deletion asynchronously
+        if events and events[-1][1] is None:
+            break
+        await asyncio.sleep(0.05)
     watcher.cancel()
 
     # No in-flight request was lost: all finished in full.
@@ -127,10 +142,10 @@ async def test_sigterm_style_stop_drains_in_flight_requests_then_deregisters(
 
 async def test_engine_restart_reregisters_then_healthy(
     sim_engines: Callable[..., EngineProcess],
+    store: KVStore,
 ) -> None:
     port = free_port()
     engine = sim_engines(extra_args=["--base-port", str(port)])
-    store = MemoryStore()
     sidecar = Sidecar(config(engine.url), store)
     seen: list[str] = []
 
@@ -163,9 +178,9 @@ async def test_engine_restart_reregisters_then_healthy(
 
 async def test_saturation_backs_off_and_recovers(
     sim_engines: Callable[..., EngineProcess],
+    store: KVStore,
 ) -> None:
     engine = sim_engines(time_scale=4.0, extra_args=["--max-num-seqs", "1"])
-    store = MemoryStore()
     sidecar = Sidecar(config(engine.url), store)
     states: list[NodeState | None] = []
     try:

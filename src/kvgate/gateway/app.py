@@ -62,9 +62,11 @@ class Gateway:
             config.admission,
             self.store,
             flags=self.flags,
-            clock=self.clock,  # type: ignore[arg-type]
+            clock=self.clock,
             registry=self.registry,
             gateway_id=config.gateway_id,
+            engine_usage=self.engine_kv_tokens,
+            capacity=self.engine_kv_capacity,
         )
         self.jobs = JobStore(self.clock, ttl_s=config.admission.async_job_ttl_s)
         self.sources: dict[str, str] = {}  # node id → "config" | "admin" | "registry"
@@ -101,6 +103,32 @@ class Gateway:
 
     def pulled_specs(self) -> list[NodeSpec]:
         return [s for nid, s in self.specs.items() if self._is_pulled(nid)]
+
+    def _kv(self) -> list[tuple[float, int]]:
+        """(KV usage fraction, KV capacity tokens) of each node with a fresh report."""
+        out = []
+        for entry in self.nodes.list():
+            report = entry.report
+            capacity = (report.kv_capacity_tokens if report else None) or (
+                entry.spec.kv_capacity_tokens
+            )
+            if report is None or report.stale or not capacity:
+                continue
+            out.append((report.kv_usage, capacity))
+        return out
+
+    def engine_kv_tokens(self) -> int | None:
+        """Engine-reported KV tokens in use, for the admission ledger to reconcile with."""
+        kv = self._kv()
+        return int(sum(usage * cap for usage, cap in kv)) if kv else None
+
+    def engine_kv_capacity(self) -> int | None:
+        """Measured cluster KV capacity (tokens), for the dynamic quota loop."""
+        kv = self._kv()
+        return sum(cap for _, cap in kv) if kv else None
+
+    def has_pool(self, pool: str) -> bool:
+        return any(s.pool == pool for s in self.specs.values())
 
     def models(self) -> list[str]:
         return sorted({s.model for s in self.specs.values()})

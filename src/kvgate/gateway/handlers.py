@@ -28,6 +28,7 @@ from kvgate.types import AdmissionKind, AdmissionRequest, AdmissionResult
 TENANT_HEADER = "X-KVGate-Tenant"
 PRIORITY_HEADER = "X-KVGate-Priority"
 CLASS_HEADER = "X-KVGate-Class"
+DEFAULT_POOL = "default"
 ENDPOINT_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
@@ -244,9 +245,12 @@ async def generate(request: web.Request, endpoint: str) -> web.StreamResponse:
         await gateway.admission.progress(result, generated)
 
     call.on_progress = progress
+    economy = gateway.config.admission.degrade.economy_pool
+    if gateway.has_pool(DEFAULT_POOL) and gateway.has_pool(economy):
+        route.pool = DEFAULT_POOL  # economy nodes take degraded work only
     if result.kind is AdmissionKind.DEGRADE:
         if result.degrade_to == "economy_pool":
-            route.pool = gateway.config.admission.degrade.economy_pool
+            route.pool = economy
         elif result.degrade_to == "low_priority":
             route.priority = min(route.priority, tenant.priority_min)
     if wants_async or result.degrade_to == "async":
@@ -279,7 +283,9 @@ def _rejection(result: AdmissionResult) -> ApiError:
     if status == 408:
         message = "request timed out in the admission queue"
     elif status == 503:
-        message = "admission unavailable"
+        message = "admission unavailable (quota store down); retry later"
+    elif status == 413:
+        message = "the request needs more runtime tokens than its tenant may ever hold"
     else:
         message = f"over quota ({result.reason}); retry later"
     return ApiError(status, message, code=result.reason, headers=headers)

@@ -51,18 +51,6 @@ class GatewayMetrics:
             ["node", "reason"],
             registry=registry,
         )
-        self.predicted_cached_tokens = Counter(
-            "kvgate_predicted_cached_tokens",
-            "Cached prompt tokens the router expected, by node (hit feedback)",
-            ["node"],
-            registry=registry,
-        )
-        self.actual_cached_tokens = Counter(
-            "kvgate_actual_cached_tokens",
-            "Cached prompt tokens the engine reported in usage, by node (hit feedback)",
-            ["node"],
-            registry=registry,
-        )
         self.prompt_tokens = Counter(
             "kvgate_prompt_tokens",
             "Prompt tokens reported by engines, by node",

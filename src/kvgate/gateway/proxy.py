@@ -187,9 +187,7 @@ class Proxy:
         if usage is None:
             return
         node = decision.node_id
-        if usage.cached_tokens is not None:
-            self.metrics.predicted_cached_tokens.labels(node).inc(decision.expected_cached_tokens)
-            self.metrics.actual_cached_tokens.labels(node).inc(usage.cached_tokens)
+        # predicted vs. actual cached tokens are counted by the router (hit feedback)
         if usage.prompt_tokens is not None:
             self.metrics.prompt_tokens.labels(node).inc(usage.prompt_tokens)
         if usage.completion_tokens is not None:
@@ -218,6 +216,8 @@ class Proxy:
                 headers={"Content-Type": "application/json", "X-Request-Id": call.request_id},
                 timeout=self.upstream_timeout,
             )
+        except aiohttp.ServerDisconnectedError as exc:  # died while working on the request
+            raise UpstreamFailure("disconnected", f"{type(exc).__name__}: {exc}") from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             raise UpstreamFailure("connect", f"{type(exc).__name__}: {exc}") from None
         except TimeoutError:

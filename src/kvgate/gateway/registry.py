@@ -88,9 +88,7 @@ class NodeRegistry:
             self.add_node(spec)
             self.metrics.registry_events.labels("added").inc()
             log.info("node %s registered via store (%s)", node_id, spec.url)
-        self.nodes.apply_report(report)
-        if report.state_hint is not None:
-            self.nodes.set_state(node_id, report.state_hint)
+        self.nodes.apply_report(report)  # the node view applies the sidecar's state hint
         self.metrics.registry_events.labels("report").inc()
 
     def _node_gone(self, node_id: str) -> None:

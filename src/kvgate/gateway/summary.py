@@ -18,6 +18,18 @@ def _num(value: Any) -> float | int | None:
     return value
 
 
+def _decision_totals(raw: Any) -> dict[str, int]:
+    """{kind: n}, from either {kind: n} or {kind: {reason: n}}."""
+    totals = {"admit": 0, "queue": 0, "reject": 0, "degrade": 0}
+    if isinstance(raw, dict):
+        for kind, value in raw.items():
+            if isinstance(value, dict):
+                totals[kind] = totals.get(kind, 0) + sum(int(v) for v in value.values())
+            elif isinstance(value, int | float):
+                totals[kind] = totals.get(kind, 0) + int(value)
+    return totals
+
+
 def node_rows(gateway: Gateway) -> list[dict[str, Any]]:
     now = gateway.clock.now()
     routing = gateway.router.snapshot()
@@ -52,6 +64,9 @@ def node_rows(gateway: Gateway) -> list[dict[str, Any]]:
                 "predicted_hit_rate": _num(info.get("predicted_hit_rate")),
                 "actual_hit_rate": _num(info.get("actual_hit_rate")),
                 "cold_boost": _num(info.get("cold_boost")),
+                "demotions": _num(info.get("demotions")),
+                "expected_cached_tokens": _num(info.get("expected_cached_tokens")),
+                "actual_cached_tokens": _num(info.get("actual_cached_tokens")),
                 "report_age_s": _num(now - report.timestamp) if report is not None else None,
             }
         )
@@ -86,10 +101,12 @@ def build_summary(gateway: Gateway) -> dict[str, Any]:
         "nodes": node_rows(gateway),
         "tenants": tenants,
         "admission": {
-            "enabled": gateway.flags.enabled("admission"),
+            "enabled": bool(admission.get("enabled", gateway.flags.enabled("admission"))),
+            "queue_depth": _num(admission.get("queue_depth")),
+            "by_reason": admission.get("decisions_total", {}),
             "total_quota": _num(admission.get("total_quota")),
             "used": _num(admission.get("used")),
-            "decisions_total": admission.get("decisions_total", {}),
+            "decisions_total": _decision_totals(admission.get("decisions_total")),
         },
         "routing": {"decisions_total": routing.get("decisions_total", {})},
     }

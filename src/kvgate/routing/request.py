@@ -19,6 +19,7 @@ from kvgate.tokens import text_block_hashes
 from kvgate.types import RouteRequest
 
 DEFAULT_MAX_TOKENS = 256
+Endpoint = Literal["chat", "completions"]  # any other value raises PromptError
 COMPLETION_KEY_BLOCKS = 4
 
 
@@ -45,7 +46,7 @@ def _model(body: Mapping[str, Any]) -> str:
 def build_route_request(
     body: Mapping[str, Any],
     *,
-    endpoint: Literal["chat", "completions"],
+    endpoint: Endpoint | str,
     headers: Mapping[str, str],
     request_id: str,
     tenant: str,

@@ -65,13 +65,14 @@ def text_block_hashes(text: str, block_size: int = BLOCK_SIZE) -> tuple[int, lis
     return len(pieces), block_hashes(pieces, block_size)
 
 
-_WORDS = tuple(
+_WORD_LIST = (
     "the of and to in is for on with as by at from that this it be are was or an will can "
     "data model cache token node route quota tenant request engine block prefix system user "
     "query answer policy cluster gateway latency memory queue batch stream server client "
     "value table index store report window share weight limit state event share price order "
-    "customer product account invoice support ticket search result source chapter section".split()
+    "customer product account invoice support ticket search result source chapter section"
 )
+_WORDS = tuple(_WORD_LIST.split())
 
 
 def synthetic_text(n_tokens: int, rng: random.Random) -> str:

@@ -45,5 +45,5 @@ class KVStore(ABC):
     def watch_prefix(self, prefix: str) -> AsyncIterator[WatchEvent]:
         """Yield changes under ``prefix`` until the iterator is closed."""
 
-    async def close(self) -> None:  # noqa: B027 - optional hook
+    async def close(self) -> None:
         return None

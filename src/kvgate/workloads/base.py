@@ -1,0 +1,98 @@
+"""Work items and the tokenized-prompt cache the simulator uses."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvgate.prompts import render_chat, stable_prefix
+from kvgate.tokens import BLOCK_SIZE, ROOT_HASH, block_hashes, tokenize
+
+
+@dataclass(slots=True)
+class WorkItem:
+    request_id: str
+    arrival: float  # seconds from the start of the run
+    tenant: str
+    messages: list[dict[str, Any]]
+    max_tokens: int  # output length (ignore_eos)
+    priority_class: str = "interactive"
+    model: str = "default"
+    group: str = ""  # prefix group / customer / conversation, for reports
+
+    def chat_body(self) -> dict[str, Any]:
+        """The OpenAI chat-completions body (stream fields are the client's business)."""
+        return {
+            "model": self.model,
+            "messages": self.messages,
+            "max_tokens": self.max_tokens,
+            "ignore_eos": True,
+        }
+
+
+@dataclass(slots=True)
+class Workload:
+    name: str
+    seed: int
+    params: dict[str, Any]
+    items: list[WorkItem]
+    tenants: dict[str, dict[str, Any]] = field(default_factory=dict)  # quota hints
+    events: list[tuple[float, str, str]] = field(default_factory=list)  # (t, kind, node)
+
+    @property
+    def duration_s(self) -> float:
+        return self.items[-1].arrival if self.items else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizedPrompt:
+    prompt_tokens: int
+    block_hashes: list[int]
+    stable_digest: str
+
+
+class PromptCache:
+    """Tokenizes rendered prompts, reusing the work done for a shared leading part.
+
+    The rendered chat text is ``stable_prefix`` + the rest, and the stable prefix ends in
+    a newline followed by ``<|``, a boundary the tokenizer never merges across, so the
+    pieces of the whole text are the stable part's pieces followed by the rest's.
+    Identical stable prefixes (system prompt + tools) are tokenized and hashed once.
+    """
+
+    def __init__(self, max_entries: int = 4096) -> None:
+        self._prefixes: OrderedDict[str, tuple[list[str], list[int], str]] = OrderedDict()
+        self._max = max_entries
+
+    def _prefix(self, text: str) -> tuple[list[str], list[int], str]:
+        hit = self._prefixes.get(text)
+        if hit is not None:
+            self._prefixes.move_to_end(text)
+            return hit
+        pieces = tokenize(text)
+        entry = (
+            pieces,
+            block_hashes(pieces),
+            hashlib.blake2b(text.encode(), digest_size=8).hexdigest(),
+        )
+        self._prefixes[text] = entry
+        if len(self._prefixes) > self._max:
+            self._prefixes.popitem(last=False)
+        return entry
+
+    def prompt(self, item: WorkItem) -> TokenizedPrompt:
+        full = render_chat(item.messages)
+        stable = stable_prefix(item.messages)
+        if not stable or not full.startswith(stable):
+            pieces = tokenize(full)
+            digest = hashlib.blake2b(stable.encode(), digest_size=8).hexdigest()
+            return TokenizedPrompt(len(pieces), block_hashes(pieces), digest)
+        p_pieces, p_hashes, digest = self._prefix(stable)
+        rest = tokenize(full[len(stable) :])
+        full_blocks = len(p_pieces) // BLOCK_SIZE
+        tail = p_pieces[full_blocks * BLOCK_SIZE :] + rest
+        parent = p_hashes[-1] if p_hashes else ROOT_HASH
+        hashes = p_hashes + block_hashes(tail, parent=parent)
+        return TokenizedPrompt(len(p_pieces) + len(rest), hashes, digest)

@@ -52,7 +52,7 @@ def _plot_series(
         ax.set_title(policy)
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
-        if len(lines) <= 12:
+        if 0 < len(lines) <= 12 and any(lines.values()):
             ax.legend(fontsize=6, ncol=4)
     axes[-1, 0].set_xlabel("time (s)")
     fig.tight_layout()

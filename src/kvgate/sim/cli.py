@@ -1,96 +1,127 @@
-"""`kvgate sim`: every listed policy on the identical request stream."""
+"""`kvgate sim`: every listed policy on the identical request stream, in virtual time."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
-from kvgate.report.metrics import compute_metrics, markdown_table, write_reports
-from kvgate.sim.cluster import EVENT_KINDS, simulate
+from kvgate.sim.cluster import SimConfig, SimResult, run_comparison
+from kvgate.sim.events import parse_event
 from kvgate.workloads import WORKLOAD_NAMES, generate_workload
+
+SUMMARY_KEYS_PRINTED = ("requests", "completed", "lost", "cache_hit_rate", "ttft_p50_s")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default="shared-prefix", choices=WORKLOAD_NAMES)
     parser.add_argument("--nodes", type=int, default=8)
-    parser.add_argument("--policies", default="round_robin,hybrid")
+    parser.add_argument("--policies", default="round_robin,hybrid", help="comma-separated")
     parser.add_argument("--requests", type=int, default=None)
-    parser.add_argument("--rate", type=float, default=None)
+    parser.add_argument("--rate", type=float, default=None, help="arrivals per second")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", default="llama3-8b-h100")
-    parser.add_argument("--kv-blocks", type=int, default=None)
-    parser.add_argument("--ttft-slo", type=float, default=2.0)
-    parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--json", action="store_true", help="print the JSON summary")
+    parser.add_argument("--kv-blocks", type=int, default=None, help="KV blocks per node")
+    parser.add_argument("--admission", choices=("on", "off"), default="off")
+    parser.add_argument("--total-quota", type=int, default=None, help="runtime tokens")
+    parser.add_argument("--ttft-slo", type=float, default=2.0, help="seconds, for goodput")
     parser.add_argument(
-        "--event",
-        action="append",
-        default=[],
-        metavar="KIND@T[:NODE]",
-        help="join@30, fail@60:node-2, flush@90:node-0 (virtual seconds; repeatable)",
+        "--event", action="append", default=[], help="KIND:TIME:NODE (join|fail|flush)"
     )
+    parser.add_argument(
+        "--flag", action="append", default=[], help="NAME=on|off (kvgate.flags), repeatable"
+    )
+    parser.add_argument("--out", type=Path, default=None, help="write JSON/CSV/MD/PNG here")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
-def parse_event(text: str) -> tuple[float, str, str]:
-    kind, sep, rest = text.partition("@")
-    when, _, node = rest.partition(":")
-    try:
-        t = float(when)
-    except ValueError:
-        t = -1.0
-    if not sep or t < 0 or kind not in EVENT_KINDS or (kind != "join" and not node):
-        raise ValueError(
-            f"--event {text!r}: expected KIND@SECONDS[:NODE] with KIND one of "
-            f"{', '.join(EVENT_KINDS)} (NODE required for fail/flush)"
-        )
-    return (t, kind, node)
+def _flags(values: list[str]) -> dict[str, bool]:
+    out: dict[str, bool] = {}
+    for v in values:
+        name, _, state = v.partition("=")
+        if state not in ("on", "off"):
+            raise ValueError(f"--flag {v!r}: expected NAME=on|off")
+        out[name] = state == "on"
+    return out
 
 
-def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
+def build(args: argparse.Namespace) -> tuple[Any, SimConfig, list[str]]:
+    if args.nodes < 1:
+        raise ValueError("--nodes must be >= 1")
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if not policies:
+        raise ValueError("--policies: name at least one policy")
     workload = generate_workload(
         args.workload, seed=args.seed, requests=args.requests, rate=args.rate
     )
-    events = [parse_event(e) for e in args.event]
-    rows = []
-    for policy in [p.strip() for p in args.policies.split(",") if p.strip()]:
-        result = simulate(
-            workload,
-            policy,
-            nodes=args.nodes,
-            profile=args.profile,
-            seed=args.seed,
-            kv_blocks=args.kv_blocks,
-            events=events,
-        )
-        rows.append(compute_metrics(result, ttft_slo_s=args.ttft_slo))
-    return {
-        "workload": args.workload,
-        "params": {k: v for k, v in workload.params.items() if isinstance(v, int | float | str)},
-        "seed": args.seed,
-        "nodes": args.nodes,
-        "profile": args.profile,
-        "events": [list(e) for e in events],
-        "policies": rows,
-    }
+    config = SimConfig(
+        nodes=args.nodes,
+        profile=args.profile,
+        kv_blocks=args.kv_blocks,
+        admission=args.admission == "on",
+        total_quota=args.total_quota,
+        seed=args.seed,
+        slo_ttft_s=args.ttft_slo,
+        events=[parse_event(e) for e in args.event],
+        flags=_flags(args.flag),
+        degrade_modes={"batch": "low_priority"} if args.admission == "on" else {},
+    )
+    return workload, config, policies
+
+
+def results_json(results: dict[str, SimResult]) -> dict[str, dict[str, Any]]:
+    return {name: r.summary for name, r in results.items()}
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.nodes < 1:
-        print("--nodes must be >= 1", file=sys.stderr)
-        return 2
     try:
-        summary = run_comparison(args)
+        workload, config, policies = build(args)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"kvgate sim: {exc}", file=sys.stderr)
         return 2
+    started = time.perf_counter()
+    try:
+        results = run_comparison(workload, config, policies)
+    except ValueError as exc:  # e.g. an unknown policy name
+        print(f"kvgate sim: {exc}", file=sys.stderr)
+        return 2
+    wall = time.perf_counter() - started
+    summaries = results_json(results)
+    from kvgate.report import markdown_table, write_report
+
+    meta = {
+        "workload": args.workload,
+        "nodes": args.nodes,
+        "profile": args.profile,
+        "seed": args.seed,
+        "requests": len(workload.items),
+        "admission": args.admission,
+        "kv_blocks_per_node": next(iter(results.values())).summary.get("kv_blocks_per_node"),
+        "command": "kvgate sim " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "kvgate sim",
+    }
     if args.out is not None:
-        write_reports(args.out, summary)
+        write_report(
+            args.out,
+            summaries,
+            {n: r.records for n, r in results.items()},
+            f"kvgate sim: {args.workload} on {args.nodes} nodes",
+            meta=meta,
+            node_load={n: r.node_load for n, r in results.items()},
+            hit_rate={n: r.hit_rate for n, r in results.items()},
+            baseline=policies[0],
+        )
     if args.json:
-        print(json.dumps(summary, indent=2, sort_keys=True))
+        print(json.dumps({"meta": meta, "results": summaries}, indent=2, sort_keys=True))
     else:
-        print(markdown_table(summary["policies"]))
-    lost = sum(r["lost"] for r in summary["policies"])
-    return 1 if lost else 0
+        print(markdown_table(summaries, baseline=policies[0]))
+        print(f"\n{len(policies)} policies x {len(workload.items)} requests in {wall:.1f} s wall")
+        if args.out is not None:
+            print(f"report: {args.out / 'report.md'}")
+    lost = sum(r.summary["lost"] for r in results.values())
+    if lost:
+        print(f"kvgate sim: {lost} requests lost", file=sys.stderr)
+        return 1
+    return 0

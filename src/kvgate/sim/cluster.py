@@ -1,247 +1,469 @@
-"""The simulator's event loop: a heapq of arrivals, engine wake-ups and scrapes.
+"""The discrete-event cluster simulator.
 
-Production objects only: ``EngineCore`` per node, ``NodeView`` + ``Router`` (with the
-policy under test) and a ``ManualClock`` that the loop sets to each event's time.
-Engines are advanced only when one of their own events is due.
+It drives the production objects in virtual time: one ``EngineCore`` per node (the
+simulated engine's model), the gateway's ``NodeView`` and ``Router`` (any registered
+policy), and the admission layer's ``AdmissionCore`` over a ``MemoryStore`` (its
+coroutines never suspend, so ``run_now`` drives them). Nothing here decides where a
+request goes or whether it is admitted; the simulator only moves time, delivers requests
+and engine reports, and records what happened.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry
-
-from kvgate.clock import ManualClock
+from kvgate.admission.config import AdmissionConfig, DegradeConfig, TenantConfig
+from kvgate.admission.core import AdmissionCore
+from kvgate.clock import ManualClock, run_now
 from kvgate.engine.core import EngineCore
 from kvgate.engine.profiles import get_profile
-from kvgate.engine.request import EngineEvent, EngineRequest, EventKind
+from kvgate.engine.request import EngineRequest, EventKind
+from kvgate.flags import Flags
+from kvgate.report import RequestRecord, summarize
 from kvgate.routing.config import RoutingConfig
 from kvgate.routing.node_view import NodeView
-from kvgate.routing.route_key import route_key
+from kvgate.routing.policies import register_policy
+from kvgate.routing.request import route_request_from_tokens
 from kvgate.routing.router import Router
+from kvgate.sim.events import ClusterEvent
 from kvgate.sim.reference_policies import OraclePolicy, SmgApproxPolicy
-from kvgate.types import NodeReport, NodeSpec, NoNodeAvailable, RouteDecision, RouteRequest
-from kvgate.workloads import PromptCache, Workload
+from kvgate.store.memory import MemoryStore
+from kvgate.types import (
+    AdmissionKind,
+    AdmissionRequest,
+    AdmissionResult,
+    NodeReport,
+    NodeSpec,
+    NoNodeAvailable,
+    RouteDecision,
+    RouteRequest,
+)
+from kvgate.workloads import PromptCache, WorkItem, Workload
+from kvgate.workloads.base import TokenizedPrompt
 
-REFERENCE_POLICIES = ("smg-approx", "oracle")
-_ARRIVAL, _ENGINE, _SCRAPE, _EVENT = 0, 1, 2, 3
-EVENT_KINDS = ("join", "fail", "flush")
+_ARRIVAL, _WAKE, _SCRAPE, _SAMPLE, _DEADLINE, _EVENT = range(6)
 
 
 @dataclass(slots=True)
-class RequestRecord:
-    request_id: str
-    tenant: str
-    arrival: float
-    prompt_tokens: int
-    output_tokens: int
-    node: str = ""
-    expected_cached: int = 0
-    cached_tokens: int = 0
-    first_token: float | None = None
-    finished: float | None = None
-    rejected: bool = False
-    retries: int = 0
+class SimConfig:
+    nodes: int = 8
+    profile: str = "llama3-8b-h100"
+    kv_blocks: int | None = None  # per node; None: the profile's (or the workload's hint)
+    admission: bool = False
+    total_quota: int | None = None  # runtime tokens; None: the cluster's KV capacity
+    seed: int = 0
+    scrape_interval_s: float = 3.0
+    sample_interval_s: float = 5.0
+    slo_ttft_s: float = 2.0
+    max_retries: int = 2
+    events: list[ClusterEvent] = field(default_factory=list)
+    flags: dict[str, bool] = field(default_factory=dict)
+    routing: dict[str, Any] = field(default_factory=dict)  # RoutingConfig overrides
+    degrade_modes: dict[str, str] = field(default_factory=dict)  # class -> mode
+    plot_nodes: int = 16  # node-load series kept for plots
 
 
 @dataclass(slots=True)
 class SimResult:
     policy: str
-    nodes: int
+    summary: dict[str, Any]
     records: list[RequestRecord]
-    load_samples: list[tuple[float, dict[str, int]]] = field(default_factory=list)
-    engine_hits: int = 0
-    engine_queries: int = 0
-    node_ids: list[str] = field(default_factory=list)
+    node_load: dict[str, list[tuple[float, float]]]
+    hit_rate: dict[str, list[tuple[float, float]]]
+    wall_s: float
+    virtual_s: float
+    engine_truth: dict[str, int]  # cluster totals from the engines' own counters
 
 
 @dataclass(slots=True)
-class _Flight:
-    route: RouteRequest
-    decision: RouteDecision
+class _Live:
+    item: WorkItem
+    prompt: TokenizedPrompt
+    rreq: RouteRequest
     record: RequestRecord
+    admission: AdmissionResult | None = None
+    decision: RouteDecision | None = None
+    first_token: float | None = None
+    cached: int = 0
+    tried: set[str] = field(default_factory=set)
+    attempts: int = 0
 
 
-def simulate(
-    workload: Workload,
-    policy: str,
-    *,
-    nodes: int = 4,
-    profile: str = "llama3-8b-h100",
-    seed: int = 0,
-    kv_blocks: int | None = None,
-    scrape_interval_s: float | None = None,
-    events: list[tuple[float, str, str]] | None = None,
-) -> SimResult:
-    clock = ManualClock()
-    builtin = policy not in REFERENCE_POLICIES
-    config = RoutingConfig(policy=policy if builtin else "round_robin")
-    view = NodeView(clock, config)
-    router = Router(
-        config, view, clock=clock, registry=CollectorRegistry(), rng=random.Random(seed)
-    )
-    prof = get_profile(profile)
-    engines: dict[str, EngineCore] = {}
-    for i in range(nodes):
-        engines[f"node-{i}"] = EngineCore(prof, kv_blocks=kv_blocks, token_events=False)
-        view.add_node(NodeSpec(node_id=f"node-{i}", url=f"sim://node-{i}", engine_type="sim"))
-    if policy == "oracle":
-        router.policy = OraclePolicy(engines)
-    elif policy == "smg-approx":
-        router.policy = SmgApproxPolicy()
-    interval = scrape_interval_s if scrape_interval_s is not None else config.scrape_interval_s
-
-    prompts = PromptCache()
-    heap: list[tuple[float, int, int, Any]] = []
-    seq = 0
-    wake_at: dict[str, float] = {}
-    flights: dict[str, _Flight] = {}
-    records: list[RequestRecord] = []
-    result = SimResult(policy=policy, nodes=nodes, records=records)
-
-    def push(t: float, kind: int, payload: Any) -> None:
-        nonlocal seq
-        heapq.heappush(heap, (t, seq, kind, payload))
-        seq += 1
-
-    def schedule_engine(node_id: str) -> None:
-        t = engines[node_id].next_event_time()
-        if t is not None and wake_at.get(node_id) != t:
-            wake_at[node_id] = t
-            push(t, _ENGINE, node_id)
-
-    def handle(events: list[EngineEvent]) -> None:
-        for ev in events:
-            flight = flights.get(ev.request_id)
-            if flight is None:
-                continue
-            rec = flight.record
-            if ev.kind is EventKind.FIRST_TOKEN:
-                rec.first_token = ev.time
-                rec.cached_tokens = ev.cached_tokens
-            elif ev.kind is EventKind.FINISHED:
-                rec.finished = ev.time
-                if rec.first_token is None:
-                    rec.first_token = ev.time
-                del flights[ev.request_id]
-                router.on_complete(
-                    flight.route,
-                    flight.decision,
-                    ok=True,
-                    actual_cached_tokens=rec.cached_tokens,
-                    output_tokens=rec.output_tokens,
-                )
-            elif ev.kind is EventKind.FAILED:
-                del flights[ev.request_id]
-                router.on_complete(
-                    flight.route, flight.decision, ok=False, actual_cached_tokens=None
-                )
-
-    def dispatch(req: RouteRequest, rec: RequestRecord, t: float) -> None:
-        try:
-            decision = router.route(req)
-        except NoNodeAvailable:
-            rec.rejected = True
-            return
-        rec.node = decision.node_id
-        rec.expected_cached = decision.expected_cached_tokens
-        router.on_dispatch(req, decision)
-        flights[req.request_id] = _Flight(req, decision, rec)
-        engine = engines[decision.node_id]
-        engine.add_request(
-            EngineRequest(req.request_id, req.prompt_tokens, req.block_hashes, rec.output_tokens),
-            t,
+class ClusterSim:
+    def __init__(self, workload: Workload, config: SimConfig, policy: str) -> None:
+        self.workload = workload
+        self.config = config
+        self.policy = policy
+        self.clock = ManualClock()
+        self.profile = get_profile(config.profile)
+        kv_blocks = config.kv_blocks
+        hint = workload.params.get("cluster_kv_tokens")
+        if kv_blocks is None and hint:
+            kv_blocks = max(64, int(hint) // (config.nodes * self.profile.block_size))
+        self.kv_blocks = kv_blocks
+        self.engines: dict[str, EngineCore] = {}
+        self.dead: set[str] = set()
+        self.flags = Flags(config.flags)
+        # reference policies see this simulator's engines (oracle) or nothing of ours
+        register_policy("oracle", lambda: OraclePolicy(self.engines))
+        register_policy("smg-approx", SmgApproxPolicy)
+        routing = RoutingConfig(
+            policy=policy,
+            scrape_interval_s=config.scrape_interval_s,
+            max_retries=config.max_retries,
+            **config.routing,
         )
-        handle(engine.advance_to(t))
-        schedule_engine(decision.node_id)
+        self.nodes = NodeView(self.clock, routing)
+        self.router = Router(
+            routing, self.nodes, flags=self.flags, clock=self.clock, rng=random.Random(config.seed)
+        )
+        for i in range(config.nodes):
+            self._start_node(f"node-{i}")
+        self.admission: AdmissionCore | None = None
+        if config.admission:
+            self.admission = self._admission_core()
+        self.cache = PromptCache()
+        self._heap: list[tuple[float, int, int, Any]] = []
+        self._seq = itertools.count()
+        self._wake_at: dict[str, float] = {}
+        self._live: dict[str, _Live] = {}
+        self._records: list[RequestRecord] = []
+        self._node_load: dict[str, list[tuple[float, float]]] = {}
+        self._hit_series: list[tuple[float, float]] = []
+        self._window_tokens = [0, 0]  # prompt, cached since the last sample
+        self._resolved = 0
 
-    def add_node(node_id: str) -> None:
-        engines[node_id] = EngineCore(prof, kv_blocks=kv_blocks, token_events=False)
-        view.add_node(NodeSpec(node_id=node_id, url=f"sim://{node_id}", engine_type="sim"))
+    # -- set-up --------------------------------------------------------------------------
+    def _start_node(self, node_id: str) -> None:
+        engine = EngineCore(self.profile, kv_blocks=self.kv_blocks, token_events=False)
+        engine.now = self.clock.now()
+        self.engines[node_id] = engine
+        self.dead.discard(node_id)
+        capacity = engine.profile.num_gpu_blocks * engine.profile.block_size
+        self.nodes.add_node(
+            NodeSpec(node_id, f"sim://{node_id}", engine_type="sim", kv_capacity_tokens=capacity)
+        )
 
-    def apply_event(t: float, kind: str, node_id: str) -> None:
-        if kind == "join":
-            add_node(node_id or f"node-{len(engines)}")
-        elif kind == "flush" and node_id in engines:
-            engines[node_id].reset_prefix_cache()
-        elif kind == "fail" and node_id in engines:
-            engine = engines.pop(node_id)
-            result.node_ids.append(node_id)
-            wake_at.pop(node_id, None)
-            view.remove_node(node_id)
-            # the gateway retries what the dead node held: nothing is lost
-            for flight in [f for f in flights.values() if f.decision.node_id == node_id]:
-                engine.abort(flight.route.request_id)
-                del flights[flight.route.request_id]
-                router.on_complete(
-                    flight.route, flight.decision, ok=False, actual_cached_tokens=None
-                )
-                flight.record.retries += 1
-                flight.record.first_token = None
-                dispatch(flight.route, flight.record, t)
-
-    for t_ev, kind_ev, node_ev in events if events is not None else workload.events:
-        if kind_ev not in EVENT_KINDS:
-            raise ValueError(f"event: unknown kind {kind_ev!r}; known: {', '.join(EVENT_KINDS)}")
-        push(t_ev, _EVENT, (kind_ev, node_ev))
-
-    for idx, item in enumerate(workload.items):
-        push(item.arrival, _ARRIVAL, idx)
-    push(0.0, _SCRAPE, None)
-    remaining = len(workload.items)
-
-    while heap:
-        t, _, kind, payload = heapq.heappop(heap)
-        clock.set(max(t, clock.now()))
-        if kind == _ARRIVAL:
-            remaining -= 1
-            item = workload.items[payload]
-            tp = prompts.prompt(item)
-            req = RouteRequest(
-                request_id=item.request_id,
-                model=item.model,
-                prompt_tokens=tp.prompt_tokens,
-                block_hashes=tp.block_hashes,
-                route_key=route_key(item.model, tp.stable_digest),
-                max_tokens=item.max_tokens,
-                tenant=item.tenant,
+    def _admission_core(self) -> AdmissionCore:
+        capacity = sum(
+            e.profile.num_gpu_blocks * e.profile.block_size for e in self.engines.values()
+        )
+        total = self.config.total_quota or capacity
+        tenants = [
+            TenantConfig(
+                name=name,
+                guaranteed=int(total * float(hint.get("guaranteed_fraction", 0.0))),
+                weight=float(hint.get("weight", 1.0)),
             )
-            rec = RequestRecord(item.request_id, item.tenant, t, tp.prompt_tokens, item.max_tokens)
-            records.append(rec)
-            dispatch(req, rec, t)
-        elif kind == _ENGINE:
-            if wake_at.get(payload) != t:
-                continue  # superseded wake-up
-            del wake_at[payload]
-            handle(engines[payload].advance_to(t))
-            schedule_engine(payload)
-        elif kind == _EVENT:
-            apply_event(t, payload[0], payload[1])
-        else:
-            loads: dict[str, int] = {}
-            for node_id, engine in engines.items():
-                st = engine.stats()
-                loads[node_id] = st.running + st.waiting
-                view.apply_report(
-                    NodeReport(
-                        node_id=node_id,
-                        timestamp=t,
-                        running=st.running,
-                        waiting=st.waiting,
-                        kv_usage=st.kv_usage,
-                        engine_type="sim",
-                    )
-                )
-            result.load_samples.append((t, loads))
-            if remaining or flights:
-                push(t + interval, _SCRAPE, None)
+            for name, hint in sorted(self.workload.tenants.items())
+        ]
+        modes: dict[str, Any] = dict(self.config.degrade_modes)
+        cfg = AdmissionConfig(
+            total_quota=total, tenants=tenants, degrade=DegradeConfig(modes=modes)
+        )
+        return AdmissionCore(
+            cfg, MemoryStore(self.clock), flags=self.flags, gateway_id=f"sim-{self.policy}"
+        )
 
-    result.node_ids = sorted(set(result.node_ids) | set(engines))
-    for engine in engines.values():
-        st = engine.stats()
-        result.engine_hits += st.prefix_cache_hits
-        result.engine_queries += st.prefix_cache_queries
-    return result
+    # -- event queue ---------------------------------------------------------------------
+    def _push(self, t: float, kind: int, payload: Any = None) -> None:
+        heapq.heappush(self._heap, (t, next(self._seq), kind, payload))
+
+    def _schedule_wake(self, node_id: str) -> None:
+        engine = self.engines.get(node_id)
+        if engine is None or node_id in self.dead:
+            return
+        t = engine.next_event_time()
+        if t is not None and self._wake_at.get(node_id) != t:
+            self._wake_at[node_id] = t
+            self._push(t, _WAKE, node_id)
+
+    def _advance(self, node_id: str, now: float) -> None:
+        engine = self.engines[node_id]
+        for ev in engine.advance_to(now):
+            live = self._live.get(ev.request_id)
+            if live is None:
+                continue
+            if ev.kind == EventKind.FIRST_TOKEN:
+                live.first_token = ev.time
+                live.cached = ev.cached_tokens
+            elif ev.kind == EventKind.FINISHED:
+                self._finish(live, ev.time, ev.count)
+            elif ev.kind == EventKind.FAILED:
+                self._fail(live, ev.time, 502, "engine_failed")
+        self._schedule_wake(node_id)
+
+    # -- request life ------------------------------------------------------------------
+    def _arrive(self, item: WorkItem, now: float) -> None:
+        prompt = self.cache.prompt(item)
+        rreq = route_request_from_tokens(
+            request_id=item.request_id,
+            model=item.model,
+            prompt_tokens=prompt.prompt_tokens,
+            block_hashes=prompt.block_hashes,
+            stable_prefix_digest=prompt.stable_digest,
+            max_tokens=item.max_tokens,
+            tenant=item.tenant,
+        )
+        record = RequestRecord(
+            item.request_id, item.tenant, None, now, "ok", prompt_tokens=prompt.prompt_tokens
+        )
+        live = _Live(item, prompt, rreq, record)
+        self._live[item.request_id] = live
+        if self.admission is None:
+            self._dispatch(live, now)
+            return
+        areq = AdmissionRequest(
+            item.request_id, item.tenant, item.priority_class, prompt.prompt_tokens, item.max_tokens
+        )
+        result = run_now(self.admission.try_admit(areq, now))
+        live.admission = result
+        if result.kind == AdmissionKind.ADMIT:
+            self._dispatch(live, now)
+        elif result.kind == AdmissionKind.DEGRADE:
+            record.status, record.admission = "degraded", f"degrade:{result.degrade_to}"
+            self._dispatch(live, now)
+        elif result.kind == AdmissionKind.QUEUE:
+            record.admission = "queue"
+            self._push(result.ticket.deadline, _DEADLINE)
+        else:
+            self._resolve(live, "rejected", result.status, f"reject:{result.reason}")
+
+    def _dispatch(self, live: _Live, now: float) -> None:
+        while True:
+            try:
+                decision = self.router.route(live.rreq, exclude=live.tried)
+            except NoNodeAvailable:
+                self._fail(live, now, 503, "no_node")
+                return
+            node = decision.node_id
+            self.router.on_dispatch(live.rreq, decision)
+            if node in self.dead:  # connection refused: retry on the next candidate
+                self.router.on_complete(live.rreq, decision, ok=False, actual_cached_tokens=None)
+                live.tried.add(node)
+                live.attempts += 1
+                if not self.flags["retries"] or live.attempts > self.config.max_retries:
+                    self._fail(live, now, 502, "upstream_unreachable")
+                    return
+                continue
+            break
+        live.decision = decision
+        live.record.node = node
+        live.record.expected_cached_tokens = decision.expected_cached_tokens
+        self._advance(node, now)
+        req = EngineRequest(
+            live.item.request_id,
+            live.prompt.prompt_tokens,
+            live.prompt.block_hashes,
+            live.item.max_tokens,
+        )
+        try:
+            self.engines[node].add_request(req, now)
+        except ValueError:
+            self.router.on_complete(live.rreq, decision, ok=False, actual_cached_tokens=None)
+            self._fail(live, now, 400, "too_long")
+            return
+        self._schedule_wake(node)
+
+    def _finish(self, live: _Live, t: float, output_tokens: int) -> None:
+        rec = live.record
+        rec.output_tokens = output_tokens
+        rec.cached_tokens = live.cached
+        rec.ttft = (live.first_token if live.first_token is not None else t) - rec.arrival
+        rec.e2e = t - rec.arrival
+        if output_tokens > 1 and live.first_token is not None:
+            rec.tpot = (t - live.first_token) / (output_tokens - 1)
+        assert live.decision is not None
+        self.router.on_complete(
+            live.rreq,
+            live.decision,
+            ok=True,
+            actual_cached_tokens=live.cached,
+            output_tokens=output_tokens,
+        )
+        self._window_tokens[0] += rec.prompt_tokens
+        self._window_tokens[1] += live.cached
+        self._resolve(live, rec.status, 200, rec.admission)
+
+    def _fail(self, live: _Live, t: float, status: int, reason: str) -> None:
+        live.record.e2e = t - live.record.arrival
+        self._resolve(live, "error", status, reason)
+
+    def _resolve(self, live: _Live, status: str, http_status: int, admission: str) -> None:
+        rec = live.record
+        rec.status, rec.http_status, rec.admission = status, http_status, admission
+        self._live.pop(live.item.request_id, None)
+        self._records.append(rec)
+        self._resolved += 1
+        admitted = live.admission is not None and live.admission.kind in (
+            AdmissionKind.ADMIT,
+            AdmissionKind.DEGRADE,
+        )
+        if self.admission is not None and live.admission is not None and admitted:
+            now = self.clock.now()
+            for item in run_now(self.admission.release(live.admission, now)):
+                self._admit_queued(item, now)
+
+    def _admit_queued(self, item: Any, now: float) -> None:
+        live = self._live.get(item.request.request_id)
+        if live is None:
+            return
+        live.admission = item.outcome
+        live.record.queued_s = item.outcome.queued_seconds
+        live.record.admission = "queue->admit"
+        self._dispatch(live, now)
+
+    def _expire(self, now: float) -> None:
+        assert self.admission is not None
+        for item in self.admission.expire(now):
+            live = self._live.get(item.request.request_id)
+            if live is not None:
+                live.admission = item.outcome
+                live.record.queued_s = item.outcome.queued_seconds
+                self._resolve(live, "rejected", 408, "reject:deadline")
+
+    # -- cluster events and observation ----------------------------------------------
+    def _cluster_event(self, ev: ClusterEvent, now: float) -> None:
+        if ev.kind == "join":
+            if ev.node_id not in self.engines or ev.node_id in self.dead:
+                self.engines.pop(ev.node_id, None)
+                if ev.node_id in self.nodes:
+                    self.nodes.remove_node(ev.node_id)
+                self._start_node(ev.node_id)
+        elif ev.kind == "flush" and ev.node_id in self.engines and ev.node_id not in self.dead:
+            self._advance(ev.node_id, now)
+            self.engines[ev.node_id].reset_prefix_cache()
+        elif ev.kind == "fail" and ev.node_id in self.engines and ev.node_id not in self.dead:
+            self._advance(ev.node_id, now)
+            self.dead.add(ev.node_id)
+            victims = [lv for lv in self._live.values() if lv.record.node == ev.node_id]
+            for live in victims:
+                assert live.decision is not None
+                self.router.on_complete(
+                    live.rreq, live.decision, ok=False, actual_cached_tokens=None
+                )
+                if live.first_token is None and self.flags["retries"]:
+                    live.tried.add(ev.node_id)
+                    live.attempts += 1
+                    live.record.node = None
+                    self._dispatch(live, now)  # nothing was sent to the client yet
+                else:
+                    self._fail(live, now, 502, "engine_died_mid_stream")
+
+    def _scrape(self, now: float) -> None:
+        for node_id, engine in self.engines.items():
+            if node_id in self.dead:
+                continue  # no report: the node view marks it unreachable after freshness_s
+            self._advance(node_id, now)
+            st = engine.stats()
+            self.nodes.apply_report(
+                NodeReport(
+                    node_id=node_id,
+                    timestamp=now,
+                    running=st.running,
+                    waiting=st.waiting,
+                    kv_usage=st.kv_usage,
+                    kv_capacity_tokens=st.num_gpu_blocks * engine.profile.block_size,
+                    preemptions_total=st.preemptions,
+                    engine_type="sim",
+                    extra={
+                        "prefix_queries_total": float(st.prefix_cache_queries),
+                        "prefix_hits_total": float(st.prefix_cache_hits),
+                    },
+                )
+            )
+
+    def _sample(self, now: float) -> None:
+        for node_id in list(self.engines)[: self.config.plot_nodes]:
+            engine = self.engines[node_id]
+            load = (
+                0.0
+                if node_id in self.dead
+                else float(len(engine.scheduler.running) + len(engine.scheduler.waiting))
+            )
+            self._node_load.setdefault(node_id, []).append((now, load))
+        prompt, cached = self._window_tokens
+        if prompt:
+            self._hit_series.append((now, cached / prompt))
+        self._window_tokens = [0, 0]
+
+    # -- run ---------------------------------------------------------------------------
+    def run(self) -> SimResult:
+        started = time.perf_counter()
+        items = self.workload.items
+        for idx, item in enumerate(items):
+            self._push(item.arrival, _ARRIVAL, idx)
+        for ev in self.config.events:
+            self._push(ev.time, _EVENT, ev)
+        self._push(0.0, _SCRAPE)
+        self._push(self.config.sample_interval_s, _SAMPLE)
+        total = len(items)
+        heap = self._heap
+        while heap and self._resolved < total:
+            t, _, kind, payload = heapq.heappop(heap)
+            self.clock.set(max(t, self.clock.now()))
+            now = self.clock.now()
+            if kind == _WAKE:
+                if self._wake_at.get(payload) == t and payload not in self.dead:
+                    del self._wake_at[payload]
+                    self._advance(payload, now)
+            elif kind == _ARRIVAL:
+                self._arrive(items[payload], now)
+            elif kind == _SCRAPE:
+                self._scrape(now)
+                self._push(now + self.config.scrape_interval_s, _SCRAPE)
+            elif kind == _SAMPLE:
+                self._sample(now)
+                self._push(now + self.config.sample_interval_s, _SAMPLE)
+            elif kind == _DEADLINE:
+                self._expire(now)
+            elif kind == _EVENT:
+                self._cluster_event(payload, now)
+        for live in list(self._live.values()):  # only if the event queue ran dry: a bug
+            self._fail(live, self.clock.now(), 500, "simulation_stalled")
+        wall = time.perf_counter() - started
+        virtual = self.clock.now()
+        summary = summarize(
+            self._records,
+            duration_s=virtual,
+            slo_ttft_s=self.config.slo_ttft_s,
+            issued=total,
+            node_ids=list(self.engines),
+        )
+        truth = {"prefix_queries": 0, "prefix_hits": 0, "preemptions": 0}
+        for engine in self.engines.values():
+            st = engine.stats()
+            truth["prefix_queries"] += st.prefix_cache_queries
+            truth["prefix_hits"] += st.prefix_cache_hits
+            truth["preemptions"] += st.preemptions
+        summary["engine_hit_rate"] = (
+            truth["prefix_hits"] / truth["prefix_queries"] if truth["prefix_queries"] else None
+        )
+        summary["preemptions"] = truth["preemptions"]
+        summary["sim_wall_s"] = wall
+        summary["kv_blocks_per_node"] = self.engines[
+            next(iter(self.engines))
+        ].profile.num_gpu_blocks
+        self._records.sort(key=lambda r: (r.arrival, r.request_id))
+        return SimResult(
+            self.policy,
+            summary,
+            self._records,
+            self._node_load,
+            {"cluster": self._hit_series},
+            wall,
+            virtual,
+            truth,
+        )
+
+
+def run_comparison(
+    workload: Workload, config: SimConfig, policies: list[str]
+) -> dict[str, SimResult]:
+    """Every policy on the identical request stream."""
+    return {p: ClusterSim(workload, config, p).run() for p in policies}

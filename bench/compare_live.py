@@ -1,0 +1,207 @@
+"""Routing policies compared live: engine-sim processes + ``kvgate serve`` + ``kvgate bench``.
+
+For each policy: start N fresh simulated engines (one ``kvgate engine-sim --count N``
+process, so every policy starts with empty caches), start ``kvgate serve --policy P`` in
+front of them, run the same workload with the live load generator, stop both. Then write
+one comparison in the simulator's report format (the first policy is the baseline).
+Optionally (``--with-sim``) the virtual-time simulator runs the same workload for each
+policy too and its hit rate is put next to the live one.
+
+Open-loop arrivals are the workload's own, in engine seconds, divided by the engines'
+``--time-scale`` (or rescaled to ``--rate`` requests per wall second); latencies in the
+report are wall seconds.
+
+    .venv/bin/python bench/compare_live.py --workload shared-prefix --engines 4 \
+        --policies round_robin,hybrid --requests 200 --param groups=8 --out /tmp/live
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from kvgate.loadgen.cli import bench_once, parse_params, summarize_result
+from kvgate.report.records import RequestRecord
+from kvgate.report.summary import markdown_table
+from kvgate.report.writers import write_report
+from kvgate.workloads import WORKLOAD_NAMES, generate_workload
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def _wait_port_file(
+    proc: subprocess.Popen[bytes], port_file: Path, count: int, log: Path, timeout: float = 60.0
+) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited {proc.returncode}:\n{log.read_text()}")
+        text = port_file.read_text().split() if port_file.exists() else []
+        if len(text) >= count:
+            ports = [int(p) for p in text]
+            if all(_healthy(f"http://127.0.0.1:{p}") for p in ports):
+                return ports
+        time.sleep(0.05)
+    raise RuntimeError(f"{proc.args!r} not ready in {timeout}s:\n{log.read_text()}")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def start_engines(
+    args: argparse.Namespace, root: Path
+) -> tuple[subprocess.Popen[bytes], list[str]]:
+    port_file, log = root / "engine.ports", root / "engine.log"
+    cmd = [
+        sys.executable, "-m", "kvgate", "engine-sim", "--count", str(args.engines),
+        "--base-port", "0", "--port-file", str(port_file), "--time-scale", str(args.time_scale),
+        "--profile", args.profile,
+    ]  # fmt: skip
+    if args.kv_blocks is not None:
+        cmd += ["--kv-blocks", str(args.kv_blocks)]
+    with log.open("wb") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+    try:
+        ports = _wait_port_file(proc, port_file, args.engines, log)
+    except BaseException:
+        _stop(proc)
+        raise
+    return proc, [f"http://127.0.0.1:{p}" for p in ports]
+
+
+def start_gateway(
+    policy: str, urls: list[str], args: argparse.Namespace, root: Path
+) -> tuple[subprocess.Popen[bytes], str]:
+    port_file, log = root / f"gateway-{policy}.port", root / f"gateway-{policy}.log"
+    cmd = [
+        sys.executable, "-m", "kvgate", "serve", "--host", "127.0.0.1", "--port", "0",
+        "--port-file", str(port_file), "--policy", policy, "--log-level", "warning",
+    ]  # fmt: skip
+    if args.scrape_interval is not None:
+        cmd += ["--scrape-interval", str(args.scrape_interval)]
+    for url in urls:
+        cmd += ["--backend", url]
+    with log.open("wb") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+    try:
+        (port,) = _wait_port_file(proc, port_file, 1, log)
+    except BaseException:
+        _stop(proc)
+        raise
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def sim_hit_rates(args: argparse.Namespace, workload: Any, policies: list[str]) -> dict[str, Any]:
+    from kvgate.sim import SimConfig, run_comparison
+
+    config = SimConfig(
+        nodes=args.engines, profile=args.profile, kv_blocks=args.kv_blocks, seed=args.seed
+    )
+    results = run_comparison(workload, config, policies)
+    return {p: r.summary.get("cache_hit_rate") for p, r in results.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--workload", default="shared-prefix", choices=WORKLOAD_NAMES)
+    ap.add_argument("--policies", default="round_robin,hybrid")
+    ap.add_argument("--engines", type=int, default=4)
+    ap.add_argument("--profile", default="gemma3-270m-cpu")
+    ap.add_argument("--time-scale", type=float, default=50.0)
+    ap.add_argument("--kv-blocks", type=int, default=None)
+    ap.add_argument("--scrape-interval", type=float, default=None)
+    ap.add_argument("--requests", type=int, default=200)
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--rate", type=float, default=None, help="open loop, requests/wall s")
+    mode.add_argument("--concurrency", type=int, default=None, help="closed loop")
+    ap.add_argument("--duration", type=float, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
+    ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--ttft-slo", type=float, default=2.0)
+    ap.add_argument("--with-sim", action="store_true", help="also run the simulator")
+    ap.add_argument("--out", type=Path, default=Path("artifacts/compare-live"))
+    args = ap.parse_args(argv)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    workload = generate_workload(
+        args.workload, seed=args.seed, requests=args.requests, **parse_params(args.param)
+    )
+    # what bench_once reads from a `kvgate bench` namespace
+    args.api_key, args.model, args.drain = [], None, None
+    results: dict[str, dict[str, Any]] = {}
+    records: dict[str, list[RequestRecord]] = {}
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="kvgate-compare-live-") as tmp:
+        root = Path(tmp)
+        for policy in policies:
+            engines, urls = start_engines(args, root)  # fresh: empty caches per policy
+            gateway = None
+            try:
+                gateway, args.target = start_gateway(policy, urls, args, root)
+                time.sleep(0.5)  # a first scrape of every engine
+                result = asyncio.run(bench_once(args, workload, title=policy))
+            finally:
+                if gateway is not None:
+                    _stop(gateway)
+                _stop(engines)
+            results[policy] = summarize_result(result, args.ttft_slo)
+            records[policy] = result.records
+    wall = time.perf_counter() - started
+    if args.with_sim:
+        for policy, hit in sim_hit_rates(args, workload, policies).items():
+            results[policy]["sim_cache_hit_rate"] = hit
+    meta = {
+        "workload": args.workload,
+        "params": " ".join(args.param) or "defaults",
+        "requests": len(workload.items),
+        "engines": args.engines,
+        "profile": args.profile,
+        "kv_blocks_per_engine": args.kv_blocks or "profile default",
+        "time_scale": args.time_scale,
+        "mode": f"closed, {args.concurrency} in flight"
+        if args.concurrency
+        else (f"open, {args.rate} req/s" if args.rate else "open, workload arrivals / time scale"),
+        "cpus": os.cpu_count(),
+        "wall_s": round(wall, 1),
+        "command": "bench/compare_live.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    }
+    write_report(
+        args.out,
+        results,
+        records,
+        f"kvgate live comparison: {args.workload} on {args.engines} engine-sim nodes",
+        meta=meta,
+        baseline=policies[0],
+    )
+    print(markdown_table(results, baseline=policies[0]))
+    if args.with_sim:
+        for p, r in results.items():
+            print(f"{p}: live hit rate {r['cache_hit_rate']}, sim {r.get('sim_cache_hit_rate')}")
+    print(f"\nreport in {args.out} ({wall:.1f} s wall)")
+    return 1 if any(r["lost"] for r in results.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -18,6 +17,8 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.fixtures.process import ProcessHandle
 
 MODEL_NAME = "gemma-3-270m-q4_k_m.gguf"
 _LISTENING = re.compile(rb"listening on http://127\.0\.0\.1:(\d+)")
@@ -67,34 +68,12 @@ def missing_reason() -> str | None:
 
 
 @dataclass
-class LlamaServer:
+class LlamaServer(ProcessHandle):
     url: str
     port: int
     process: subprocess.Popen[bytes]
     log_path: Path
     _tmpdir: tempfile.TemporaryDirectory[str] | None = field(default=None, repr=False)
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-        if self._tmpdir is not None:
-            self._tmpdir.cleanup()
-            self._tmpdir = None
 
 
 def start_llama_server(

@@ -20,6 +20,7 @@ from typing import Any
 
 from kvgate.admission.config import AdmissionConfig, DegradeConfig, TenantConfig
 from kvgate.admission.core import AdmissionCore
+from kvgate.admission.dynamic_quota import DynamicQuota
 from kvgate.clock import ManualClock, run_now
 from kvgate.engine.core import EngineCore
 from kvgate.engine.profiles import get_profile
@@ -47,7 +48,7 @@ from kvgate.types import (
 from kvgate.workloads import PromptCache, WorkItem, Workload
 from kvgate.workloads.base import TokenizedPrompt
 
-_ARRIVAL, _WAKE, _SCRAPE, _SAMPLE, _DEADLINE, _EVENT = range(6)
+_ARRIVAL, _WAKE, _SCRAPE, _SAMPLE, _DEADLINE, _EVENT, _QUOTA = range(7)
 
 
 @dataclass(slots=True)
@@ -126,8 +127,13 @@ class ClusterSim:
         for i in range(config.nodes):
             self._start_node(f"node-{i}")
         self.admission: AdmissionCore | None = None
+        self.dynamic_quota: DynamicQuota | None = None
+        self._quota_steps = 0
         if config.admission:
             self.admission = self._admission_core()
+            self.dynamic_quota = DynamicQuota(
+                self.admission, self.admission.store, capacity=self._live_capacity
+            )
         self.cache = PromptCache()
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = itertools.count()
@@ -149,6 +155,25 @@ class ClusterSim:
         self.nodes.add_node(
             NodeSpec(node_id, f"sim://{node_id}", engine_type="sim", kv_capacity_tokens=capacity)
         )
+
+    def _live_capacity(self) -> int:
+        return sum(
+            e.profile.num_gpu_blocks * e.profile.block_size
+            for node_id, e in self.engines.items()
+            if node_id not in self.dead
+        )
+
+    def _quota_step(self, now: float) -> None:
+        """One iteration of the production dynamic-quota loop, then admit what now fits."""
+        assert self.admission is not None and self.dynamic_quota is not None
+        if not self.flags["dynamic_quota"]:
+            return
+        before = self.admission.total
+        run_now(self.dynamic_quota.step(now))
+        if self.admission.total != before:
+            self._quota_steps += 1
+        for item in run_now(self.admission.drain(now)):
+            self._admit_queued(item, now)
 
     def _admission_core(self) -> AdmissionCore:
         capacity = sum(
@@ -418,6 +443,10 @@ class ClusterSim:
             self._push(ev.time, _EVENT, ev)
         self._push(0.0, _SCRAPE)
         self._push(self.config.sample_interval_s, _SAMPLE)
+        quota_interval = 0.0
+        if self.admission is not None:
+            quota_interval = self.admission.config.dynamic_quota.interval_s
+            self._push(quota_interval, _QUOTA)
         total = len(items)
         heap = self._heap
         while heap and self._resolved < total:
@@ -440,6 +469,9 @@ class ClusterSim:
                 self._expire(now)
             elif kind == _EVENT:
                 self._cluster_event(payload, now)
+            elif kind == _QUOTA:
+                self._quota_step(now)
+                self._push(now + quota_interval, _QUOTA)
         for live in list(self._live.values()):  # only if the event queue ran dry: a bug
             self._fail(live, self.clock.now(), 500, "simulation_stalled")
         wall = time.perf_counter() - started
@@ -462,6 +494,9 @@ class ClusterSim:
         )
         summary["preemptions"] = truth["preemptions"]
         summary["sim_wall_s"] = wall
+        if self.admission is not None:
+            summary["quota_total_final"] = self.admission.total
+            summary["quota_adjustments"] = self._quota_steps
         summary["kv_blocks_per_node"] = self.engines[
             next(iter(self.engines))
         ].profile.num_gpu_blocks

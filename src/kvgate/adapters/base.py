@@ -16,7 +16,7 @@ import logging
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import aiohttp
 
@@ -184,7 +184,14 @@ class EngineAdapter(ABC):
         except Exception as exc:  # never raise: an unreachable engine is a stale report
             log.debug("node %s: scrape failed: %s", node_id, exc)
             return self.stale_report(node_id=node_id, now=now, previous=previous)
-        return self.parse(text, node_id=node_id, now=now, previous=previous)
+        extra = await self.fetch_extra(session, base_url, node_id=node_id, timeout_s=timeout_s)
+        return self.parse(text, node_id=node_id, now=now, previous=previous, **extra)
+
+    async def fetch_extra(
+        self, session: aiohttp.ClientSession, base_url: str, *, node_id: str, timeout_s: float
+    ) -> dict[str, Any]:
+        """Keyword arguments for ``parse`` from endpoints other than /metrics (none here)."""
+        return {}
 
 
 def join_url(base_url: str, path: str) -> str:

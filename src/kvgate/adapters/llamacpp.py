@@ -120,26 +120,16 @@ class LlamaCppAdapter(EngineAdapter):
                 log.debug("node %s: unusable /slots: %s", node_id, exc)
         return self.build_report(obs, node_id=node_id, now=now, previous=previous)
 
-    async def scrape(
-        self,
-        session: aiohttp.ClientSession,
-        base_url: str,
-        *,
-        node_id: str,
-        now: float,
-        previous: NodeReport | None = None,
-        timeout_s: float = 2.0,
-    ) -> NodeReport:
+    async def fetch_extra(
+        self, session: aiohttp.ClientSession, base_url: str, *, node_id: str, timeout_s: float
+    ) -> dict[str, Any]:
+        """llama.cpp has no KV gauge: read /slots too."""
         try:
-            text = await fetch_text(session, join_url(base_url, self.metrics_path), timeout_s)
-        except Exception as exc:
-            log.debug("node %s: scrape failed: %s", node_id, exc)
-            return self.stale_report(node_id=node_id, now=now, previous=previous)
-        try:
-            slots_text: str | None = await fetch_text(
-                session, join_url(base_url, self.slots_path), timeout_s
-            )
+            return {
+                "slots_text": await fetch_text(
+                    session, join_url(base_url, self.slots_path), timeout_s
+                )
+            }
         except Exception as exc:  # /slots disabled (501) or busy: report without KV
             log.debug("node %s: /slots failed: %s", node_id, exc)
-            slots_text = None
-        return self.parse(text, node_id=node_id, now=now, previous=previous, slots_text=slots_text)
+            return {"slots_text": None}

@@ -249,6 +249,12 @@ class Proxy:
             outcome.cached_tokens = call.usage.cached_tokens
             outcome.output_tokens = call.usage.completion_tokens or 0
         self.metrics.ttft.labels(call.endpoint).observe(time.perf_counter() - call.started)
+        return self._answer(call, decision, resp, payload)
+
+    def _answer(
+        self, call: Call, decision: RouteDecision, resp: aiohttp.ClientResponse, payload: bytes
+    ) -> web.Response:
+        """The engine's non-streamed answer, with its headers and kvgate's."""
         headers = _passthrough_headers(resp)
         headers.update(self.response_headers(call, decision))
         return web.Response(
@@ -291,14 +297,7 @@ class Proxy:
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             raise UpstreamFailure("read", f"{type(exc).__name__}: {exc}") from None
         outcome.ok = resp.status < 400
-        headers = _passthrough_headers(resp)
-        headers.update(self.response_headers(call, decision))
-        return web.Response(
-            status=resp.status,
-            body=payload,
-            headers=headers,
-            content_type=resp.content_type or "application/json",
-        )
+        return self._answer(call, decision, resp, payload)
 
     async def _relay_events(
         self,

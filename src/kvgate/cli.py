@@ -10,6 +10,22 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from kvgate import __version__
+
+DESCRIPTION = """\
+kvgate: a gateway for distributed LLM inference. It puts OpenAI-compatible engines
+(vLLM, SGLang, TGI, llama.cpp) behind one endpoint, routes each request to where its
+prompt prefix is already cached, and admits work against one cluster-wide quota."""
+
+EPILOG = """\
+quick start:
+  kvgate demo                      simulated engines + gateway + workload, one command
+  kvgate engine-sim --count 4 --base-port 8001
+  kvgate serve --port 8000 --backend http://127.0.0.1:8001 --backend ...
+  kvgate COMMAND --help            the options of one command
+
+docs: README.md, docs/configuration.md, docs/operations.md"""
+
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("kvgate.gateway.cli", "run the gateway (OpenAI-compatible proxy)"),
     "engine-sim": ("kvgate.engine.cli", "run simulated OpenAI-compatible engines"),
@@ -22,10 +38,21 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvgate", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="kvgate",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"kvgate {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = sub.add_parser(
+            name,
+            help=help_text,
+            description=help_text,
+            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        )
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:

@@ -181,8 +181,12 @@ class Proxy:
             if base is None:
                 raise UpstreamFailure("node_removed", f"node {decision.node_id} was removed")
             if call.stream and request is not None:
-                return await self._stream(call, decision, base, request, outcome)
-            return await self._unary(call, decision, base, outcome)
+                response = await self._stream(call, decision, base, request, outcome)
+            else:
+                response = await self._unary(call, decision, base, outcome)
+            if outcome.ok and outcome.output_tokens:  # the final count (streams report batches)
+                await self.pipeline.progress(call.flow, outcome.output_tokens)
+            return response
         except UpstreamFailure as exc:
             failure = exc
             raise

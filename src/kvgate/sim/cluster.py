@@ -311,16 +311,16 @@ class ClusterSim:
             self._dispatch(live, now)
             return
         result = run_now(self.pipeline.admit(flow))
+        record.admission = result.header()
         if result.kind == AdmissionKind.ADMIT:
             self._dispatch(live, now)
         elif result.kind == AdmissionKind.DEGRADE:
-            record.status, record.admission = "degraded", f"degrade:{result.degrade_to}"
+            record.status = "degraded"
             self._dispatch(live, now)
         elif result.kind == AdmissionKind.QUEUE:
-            record.admission = "queue"
             self._push(result.ticket.deadline, _DEADLINE)
         else:
-            self._resolve(live, "rejected", _reject_status(result), f"reject:{result.reason}")
+            self._resolve(live, "rejected", _reject_status(result), result.header())
 
     def _dispatch(self, live: _Live, now: float) -> None:
         flow = live.flow
@@ -338,6 +338,7 @@ class ClusterSim:
             if self.pipeline.attempt_failed(flow, decision, failure):
                 self._schedule_probe()
         live.record.node = node
+        live.record.route_reason = decision.reason
         live.record.expected_cached_tokens = decision.expected_cached_tokens
         self._advance(node, now)
         req = EngineRequest(
@@ -394,7 +395,7 @@ class ClusterSim:
             return
         self.pipeline.accept(live.flow, item.outcome)
         live.record.queued_s = item.outcome.queued_seconds
-        live.record.admission = "queue->admit"
+        live.record.admission = item.outcome.header()
         self._dispatch(live, self.clock.now())
 
     def _expire(self, now: float) -> None:
@@ -404,7 +405,7 @@ class ClusterSim:
             if live is not None:
                 self.pipeline.accept(live.flow, item.outcome)
                 live.record.queued_s = item.outcome.queued_seconds
-                self._resolve(live, "rejected", 408, "reject:deadline")
+                self._resolve(live, "rejected", 408, item.outcome.header())
 
     # -- re-admission probes of ejected nodes ------------------------------------------
     def _schedule_probe(self) -> None:

@@ -31,6 +31,12 @@ FLAG_SPECS: tuple[FlagSpec, ...] = (
     FlagSpec("hit_feedback", True, "predicted hits are never checked; no (node, prefix) demotion"),
     FlagSpec("cold_boost", True, "new or re-registered nodes get no routing boost"),
     FlagSpec("retries", True, "a failed dispatch returns 502 at once"),
+    FlagSpec("retry_budget", True, "retries are limited only by routing.max_retries"),
+    FlagSpec(
+        "outlier_detection",
+        True,
+        "failing nodes are not ejected; only stale reports take a node out of rotation",
+    ),
     FlagSpec("admission", True, "every request is admitted (no quota, no queue)"),
     FlagSpec("dynamic_quota", True, "the cluster total stays at its configured value"),
     FlagSpec("degrade", True, "over-quota work is queued or rejected, never degraded"),

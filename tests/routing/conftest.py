@@ -62,7 +62,7 @@ def group_request(
         model="m",
         prompt_tokens=len(pieces),
         block_hashes=block_hashes(pieces),
-        stable_prefix_digest=f"group-{group}",
+        route_key=f"m:group-{group}",
         max_tokens=16,
     )
 

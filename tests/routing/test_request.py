@@ -108,7 +108,7 @@ def test_direct_construction_for_the_simulator() -> None:
         model="m",
         prompt_tokens=40,
         block_hashes=[1, 2],
-        stable_prefix_digest="abc",
+        route_key="m:abc",
     )
     assert (
         req.route_key == "m:abc" and req.block_hashes == [1, 2] and req.total_tokens_estimate == 296

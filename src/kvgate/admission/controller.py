@@ -25,11 +25,9 @@ from kvgate.admission.metrics import AdmissionMetrics
 from kvgate.admission.queue import QueuedRequest
 from kvgate.clock import Clock, SystemClock
 from kvgate.flags import Flags
-from kvgate.store import Store
+from kvgate.store import Store, with_counters
 from kvgate.store.base import KVStore, StoreUnavailable
-from kvgate.store.composite import CompositeStore
 from kvgate.store.keys import TENANTS_PREFIX, TOTAL_QUOTA
-from kvgate.store.memory import MemoryStore
 from kvgate.types import AdmissionKind, AdmissionRequest, AdmissionResult
 
 log = logging.getLogger("kvgate.admission")
@@ -56,9 +54,7 @@ class AdmissionController:
         capacity: Callable[[], int | None] | None = None,
     ) -> None:
         self.config = config
-        if not isinstance(store, Store):  # a plain KVStore: counters stay in process
-            store = CompositeStore(MemoryStore(), store)
-        self.store: Store = store
+        self.store: Store = with_counters(store)  # a plain KVStore: counters stay in process
         self.flags = flags
         self.clock: Clock = clock or SystemClock()
         self.metrics = AdmissionMetrics(registry)
@@ -68,13 +64,13 @@ class AdmissionController:
         self.lease_holder = f"{self.gateway_id}#{uuid.uuid4().hex[:8]}"
         self.core = AdmissionCore(
             config,
-            store,
+            self.store,
             flags=flags,
             gateway_id=self.lease_holder,
             metrics=self.metrics,
             engine_usage=engine_usage,
         )
-        self.dynamic = DynamicQuota(self.core, store, capacity)
+        self.dynamic = DynamicQuota(self.core, self.store, capacity)
         self._tasks: list[asyncio.Task[Any]] = []
         self._pump_task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()

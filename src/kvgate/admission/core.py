@@ -21,9 +21,8 @@ from kvgate.admission.metrics import AdmissionMetrics
 from kvgate.admission.queue import AdmissionQueue, QueuedRequest
 from kvgate.admission.quota import TenantQuota, max_admissible, reserve_limits
 from kvgate.flags import Flags
-from kvgate.store import ReserveLimits, ReserveOutcome, Store
+from kvgate.store import ReserveLimits, ReserveOutcome, Store, open_store
 from kvgate.store.base import StoreUnavailable
-from kvgate.store.memory import MemoryStore
 from kvgate.types import AdmissionKind, AdmissionRequest, AdmissionResult
 
 log = logging.getLogger("kvgate.admission")
@@ -53,6 +52,7 @@ class AdmissionCore:
         gateway_id: str = "gw",
         metrics: AdmissionMetrics | None = None,
         engine_usage: Callable[[], int | None] | None = None,
+        local_store: Store | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -70,7 +70,8 @@ class AdmissionCore:
             weight=lambda t: self.quota_for(t).weight,
         )
         self.store_up = True
-        self._local = MemoryStore()
+        # the fallback that counts locally while the shared store is down (injected)
+        self._local = local_store if local_store is not None else open_store("memory://")
         self.usage_cache: dict[str, int] = {}
         self._releases: deque[tuple[float, int]] = deque()
         self._first_seen: float | None = None

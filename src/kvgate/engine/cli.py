@@ -84,7 +84,11 @@ async def _serve(args: argparse.Namespace) -> int:
     try:
         for server, port in zip(servers, _ports(args), strict=True):
             runner = web.AppRunner(
-                server.make_app(), access_log=None, handle_signals=False, shutdown_timeout=5.0
+                server.make_app(),
+                access_log=None,
+                handle_signals=False,
+                shutdown_timeout=5.0,
+                handler_cancellation=True,  # a caller that leaves aborts its request
             )
             await runner.setup()
             runners.append(runner)

@@ -11,10 +11,10 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from kvgate.flags import FLAG_NAMES, UnknownFlag
-from kvgate.gateway.app import GATEWAY, Gateway
 from kvgate.gateway.auth import check_admin
 from kvgate.gateway.config import NodeConfig, format_validation_error
 from kvgate.gateway.errors import ApiError
+from kvgate.gateway.gateway import GATEWAY, Gateway
 from kvgate.gateway.summary import build_summary, node_rows
 from kvgate.store.keys import flag_key
 from kvgate.types import NodeState

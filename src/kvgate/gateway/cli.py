@@ -123,7 +123,9 @@ async def _serve(app: Any, host: str, port: int, port_file: str | None) -> None:
 
     from aiohttp import web
 
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
+    # handler_cancellation: a client that leaves cancels its handler, so the upstream
+    # request and any admission-queue entry go with it
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024)
     await site.start()

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from kvgate.adapters import ENGINE_TYPES
 from kvgate.admission.config import AdmissionConfig
 from kvgate.flags import FLAG_NAMES
+from kvgate.pipeline.config import PipelineConfig
 from kvgate.routing.config import RoutingConfig
 from kvgate.types import NodeSpec
 
@@ -29,7 +30,11 @@ class ServerConfig(_Strict):
     gateway_id: str | None = None  # defaults to "<host>:<port>"
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     upstream_timeout_s: float = Field(default=600.0, gt=0)  # whole upstream request
-    connect_timeout_s: float = Field(default=3.0, gt=0)
+    connect_timeout_s: float = Field(default=3.0, gt=0)  # per attempt
+    # per attempt: when no byte came this long, the engine's /health is probed and a hung
+    # engine's attempt is retried elsewhere (a busy one is waited for)
+    first_byte_timeout_s: float = Field(default=5.0, gt=0)
+    idle_timeout_s: float = Field(default=60.0, gt=0)  # between a stream's chunks, per attempt
     upstream_pool_size: int = Field(default=512, gt=0)
     discover_timeout_s: float = Field(default=5.0, gt=0)  # how long to wait for /v1/models at start
     progress_batch_tokens: int = Field(default=16, gt=0)  # report generated tokens every N tokens
@@ -91,6 +96,7 @@ class GatewayConfig(_Strict):
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
     scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
+    pipeline: PipelineConfig = Field(default_factory=PipelineConfig)  # retry budget, outliers
     store: str = "memory://"
     flags: dict[str, bool] = {}
 

@@ -1,7 +1,11 @@
-"""OpenAI-compatible endpoints: parse → auth → route request → admission → proxy.
+"""OpenAI-compatible endpoints: parse → auth → route request → the request pipeline.
 
-Every admitted (or degraded) request releases its admission exactly once, whatever
-happens afterwards (try/finally), including a client that disconnects mid-stream.
+The handler turns HTTP into a pipeline ``Flow`` (the route built once, with the resolved
+model) and the pipeline's outcomes back into HTTP; admission, degrade, routing, retries
+and feedback are the pipeline's. Every admitted (or degraded) request releases its
+admission exactly once, whatever happens afterwards (try/finally), including a client
+that disconnects. Every answer, errors included, carries ``X-Request-Id`` and the
+``X-KVGate-*`` headers known by then.
 """
 
 from __future__ import annotations
@@ -16,11 +20,12 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kvgate.admission.tenants import PriorityNotAllowed
-from kvgate.gateway.app import GATEWAY, Gateway
 from kvgate.gateway.auth import bearer_token
 from kvgate.gateway.errors import ApiError
+from kvgate.gateway.gateway import GATEWAY, Gateway
 from kvgate.gateway.logs import request_log
 from kvgate.gateway.proxy import Call
+from kvgate.pipeline import Flow, UnknownModel, resolve_model
 from kvgate.prompts import PromptError
 from kvgate.routing import build_route_request
 from kvgate.types import AdmissionKind, AdmissionRequest, AdmissionResult
@@ -28,7 +33,6 @@ from kvgate.types import AdmissionKind, AdmissionRequest, AdmissionResult
 TENANT_HEADER = "X-KVGate-Tenant"
 PRIORITY_HEADER = "X-KVGate-Priority"
 CLASS_HEADER = "X-KVGate-Class"
-DEFAULT_POOL = "default"
 ENDPOINT_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
@@ -36,6 +40,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model_id:.+}", get_model)
     app.router.add_get("/v1/jobs/{job_id}", get_job)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
@@ -55,13 +60,24 @@ async def metrics(request: web.Request) -> web.Response:
     )
 
 
+def _model_card(model: str) -> dict[str, Any]:
+    return {"id": model, "object": "model", "created": 0, "owned_by": "kvgate"}
+
+
 async def list_models(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     identify_tenant(gateway, request)
-    data = [
-        {"id": m, "object": "model", "created": 0, "owned_by": "kvgate"} for m in gateway.models()
-    ]
+    data = [_model_card(m) for m in gateway.models()]
     return web.json_response({"object": "list", "data": data})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    identify_tenant(gateway, request)
+    model = request.match_info["model_id"]
+    if model not in gateway.models():
+        raise _unknown_model(UnknownModel(model, gateway.models()))
+    return web.json_response(_model_card(model))
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -169,19 +185,29 @@ def requested_priority(request: web.Request, body: dict[str, Any]) -> int | None
 
 def _model_for(gateway: Gateway, body: dict[str, Any]) -> str:
     models = gateway.models()
-    model = body.get("model")
     if not models:
         raise ApiError(503, "no node is configured", code="no_node_available")
-    if model is None:
-        return models[0]
-    if model not in models and "default" not in models:
-        raise ApiError(
-            404,
-            f"the model {model!r} is not served here; see /v1/models",
-            param="model",
-            code="model_not_found",
-        )
-    return model  # type: ignore[no-any-return]
+    try:
+        return resolve_model(body.get("model"), models)
+    except UnknownModel as exc:
+        raise _unknown_model(exc) from None
+
+
+def _unknown_model(exc: UnknownModel) -> ApiError:
+    return ApiError(404, f"{exc}; see /v1/models", param="model", code="model_not_found")
+
+
+def _known_headers(request_id: str, flow: Flow | None) -> dict[str, str]:
+    """The X-KVGate-* headers an answer can carry at the point it is given."""
+    headers = {"X-Request-Id": request_id}
+    if flow is None:
+        return headers
+    if flow.admission is not None:
+        headers["X-KVGate-Admission"] = flow.admission.header()
+    if flow.decision is not None:
+        headers["X-KVGate-Node"] = flow.decision.node_id
+        headers["X-KVGate-Route-Reason"] = flow.decision.reason
+    return headers
 
 
 # -- the request path -------------------------------------------------------------------
@@ -191,6 +217,23 @@ async def generate(request: web.Request, endpoint: str) -> web.StreamResponse:
     request_id = request.headers.get("X-Request-Id") or f"req-{uuid.uuid4().hex[:16]}"
     entry = request_log(request)
     entry.request_id = request_id
+    flows: list[Flow] = []  # the request's flow, once it has one (for error headers)
+    try:
+        return await _generate(gateway, request, endpoint, request_id, started, entry, flows)
+    except ApiError as exc:
+        exc.headers = {**_known_headers(request_id, flows[0] if flows else None), **exc.headers}
+        raise
+
+
+async def _generate(
+    gateway: Gateway,
+    request: web.Request,
+    endpoint: str,
+    request_id: str,
+    started: float,
+    entry: Any,
+    flows: list[Flow],
+) -> web.StreamResponse:
     body, raw = await read_json_body(request, gateway.config.server.max_body_bytes)
     validate_body(body, endpoint)
     tenant = identify_tenant(gateway, request)
@@ -209,14 +252,19 @@ async def generate(request: web.Request, endpoint: str) -> web.StreamResponse:
             tenant=tenant.name,
             priority=priority,
             config=gateway.config.routing.route_key,
+            model=model,
         )
     except PromptError as exc:
         raise _prompt_error(exc) from None
-    route.model = model
+    raw_body: bytes | None = raw
+    if body.get("model") != model:  # "default" (or none) names the served model upstream
+        body = {**body, "model": model}
+        raw_body = None
 
     wants_async = "respond-async" in request.headers.get("Prefer", "").lower()
     priority_class = request.headers.get(CLASS_HEADER) or tenant.default_class
-    result = await gateway.admission.admit(
+    flow = gateway.pipeline.start(
+        route,
         AdmissionRequest(
             request_id=request_id,
             tenant=tenant.name,
@@ -224,8 +272,12 @@ async def generate(request: web.Request, endpoint: str) -> web.StreamResponse:
             prompt_tokens=route.prompt_tokens,
             max_tokens=route.max_tokens,
             wants_async=wants_async,
-        )
+        ),
+        priority_min=tenant.priority_min,
+        wants_async=wants_async,
     )
+    flows.append(flow)
+    result = await gateway.pipeline.admit(flow)
     entry.admission = result.header()
     if result.kind is AdmissionKind.REJECT:
         raise _rejection(result)
@@ -235,32 +287,19 @@ async def generate(request: web.Request, endpoint: str) -> web.StreamResponse:
         path=ENDPOINT_PATHS[endpoint],
         endpoint=endpoint,
         body=body,
-        route=route,
+        flow=flow,
         started=started,
         headers={"X-KVGate-Admission": result.header()},
-        raw_body=raw,
+        raw_body=raw_body,
     )
-
-    async def progress(generated: int) -> None:
-        await gateway.admission.progress(result, generated)
-
-    call.on_progress = progress
-    economy = gateway.config.admission.degrade.economy_pool
-    if gateway.has_pool(DEFAULT_POOL) and gateway.has_pool(economy):
-        route.pool = DEFAULT_POOL  # economy nodes take degraded work only
-    if result.kind is AdmissionKind.DEGRADE:
-        if result.degrade_to == "economy_pool":
-            route.pool = economy
-        elif result.degrade_to == "low_priority":
-            route.priority = min(route.priority, tenant.priority_min)
-    if wants_async or result.degrade_to == "async":
+    if flow.run_async:
         return start_async_job(gateway, call, result, tenant.name)
 
     try:
         assert gateway.proxy is not None
         response = await gateway.proxy.forward(call, request)
     finally:
-        await gateway.admission.release(result)
+        await gateway.pipeline.release(flow)
         _log_call(entry, call)
     return response
 
@@ -324,7 +363,7 @@ async def _run_job(gateway: Gateway, call: Call, result: AdmissionResult, job_id
         error = ApiError(500, f"job failed: {type(exc).__name__}")
         status, body = 500, error.response().body  # type: ignore[assignment]
     finally:
-        await gateway.admission.release(result)
+        await gateway.pipeline.release(call.flow)
         try:
             payload = json.loads(body) if body else None
         except ValueError:

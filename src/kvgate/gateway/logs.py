@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from aiohttp import web
 
 from kvgate.gateway.errors import Handler
+from kvgate.gateway.gateway import GATEWAY
 
 access_log = logging.getLogger("kvgate.gateway.access")
 
@@ -46,8 +47,6 @@ def endpoint_label(request: web.Request) -> str:
 
 @web.middleware
 async def access_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    from kvgate.gateway.app import GATEWAY
-
     gateway = request.app[GATEWAY]
     metrics = gateway.metrics
     started = time.perf_counter()

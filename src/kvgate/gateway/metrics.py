@@ -33,24 +33,6 @@ class GatewayMetrics:
         self.inflight = Gauge(
             "kvgate_inflight_requests", "Requests inside the gateway now", registry=registry
         )
-        self.retries = Counter(
-            "kvgate_retries",
-            "Dispatches retried on another node, by cause",
-            ["cause"],
-            registry=registry,
-        )
-        self.upstream_errors = Counter(
-            "kvgate_upstream_errors",
-            "Failed upstream dispatches, by node and kind",
-            ["node", "kind"],
-            registry=registry,
-        )
-        self.dispatches = Counter(
-            "kvgate_dispatches",
-            "Upstream dispatches, by node and route reason",
-            ["node", "reason"],
-            registry=registry,
-        )
         self.prompt_tokens = Counter(
             "kvgate_prompt_tokens",
             "Prompt tokens reported by engines, by node",

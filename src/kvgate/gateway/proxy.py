@@ -1,26 +1,33 @@
-"""Upstream dispatch: route, send, stream back chunk by chunk, retry before the first byte.
+"""Upstream dispatch: the request pipeline's live driver (real I/O, asyncio).
 
-Retry rule: a connection error or a 5xx answer before any byte reached the client is
-retried on the router's next candidate (``exclude=`` the nodes already tried), at most
-``routing.max_retries`` times; once streaming to the client has started nothing is
-retried and an engine failure becomes an SSE error event followed by ``[DONE]``.
-``router.on_complete`` is called exactly once for every dispatch.
+Every decision is the pipeline's (``kvgate.pipeline``): which node an attempt goes to,
+whether a failure is retried (only before any byte reached the client, only retryable
+failures, never to a node tried or ejected, within the retry budget), and what the
+router, admission and the outlier detector learn from each attempt. This module sends
+bytes and reports each attempt's outcome exactly once.
+
+Per attempt: connect timeout (session), first-byte timeout (when it passes the engine's
+``/health`` is probed; an engine that does not answer it is hung: the attempt fails and
+is retried elsewhere, while a busy but alive engine is waited for), and an inter-chunk
+idle timeout. An engine's answer about the request itself (4xx, a 500) is returned as
+the engine said it; 502/503/504 and 429 (overload) are retryable failures.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
 
-from kvgate.flags import Flags
 from kvgate.gateway.errors import ApiError, sse_error_event
 from kvgate.gateway.metrics import GatewayMetrics
 from kvgate.gateway.sse import SseSplitter
@@ -32,10 +39,11 @@ from kvgate.gateway.usage import (
     parse_usage,
     with_usage_requested,
 )
-from kvgate.types import NoNodeAvailable, RouteDecision, RouteRequest
+from kvgate.pipeline import Failure, Flow, GiveUp, retryable_status
+from kvgate.types import RouteDecision, RouteRequest
 
 if TYPE_CHECKING:
-    from kvgate.routing.router import Router
+    from kvgate.pipeline import RequestPipeline
 
 log = logging.getLogger("kvgate.gateway")
 
@@ -57,6 +65,17 @@ _SKIP_UPSTREAM_HEADERS = frozenset(
 )
 
 
+# An engine that cannot take work now answers these; they are retried, not relayed.
+OVERLOAD_STATUS = 429
+
+
+def _failure_status(status: int) -> str | None:
+    """The failure kind of an engine's answer that must not be relayed (None: relay it)."""
+    if status == OVERLOAD_STATUS:
+        return "overloaded"
+    return "http_5xx" if retryable_status(status) else None
+
+
 class UpstreamFailure(Exception):
     """A dispatch failed before anything reached the client (so it may be retried)."""
 
@@ -74,7 +93,7 @@ class Call:
     path: str  # e.g. /v1/chat/completions
     endpoint: str  # "chat" | "completions"
     body: dict[str, Any]
-    route: RouteRequest
+    flow: Flow  # the request's way through the pipeline
     started: float  # time.perf_counter() at arrival
     headers: dict[str, str] = field(default_factory=dict)  # extra response headers
     on_progress: ProgressCallback | None = None
@@ -88,12 +107,17 @@ class Call:
     def stream(self) -> bool:
         return bool(self.body.get("stream"))
 
+    @property
+    def route(self) -> RouteRequest:
+        return self.flow.route
+
 
 @dataclass(slots=True)
 class _Outcome:
     ok: bool = False
     cached_tokens: int | None = None
     output_tokens: int = 0
+    broken: str | None = None  # the engine failed after the client got bytes
 
 
 class Proxy:
@@ -101,87 +125,90 @@ class Proxy:
         self,
         *,
         session: aiohttp.ClientSession,
-        router: Router,
+        pipeline: RequestPipeline,
         node_url: Callable[[str], str | None],
-        flags: Flags,
         metrics: GatewayMetrics,
-        max_retries: int,
         upstream_timeout_s: float,
+        first_byte_timeout_s: float,
+        idle_timeout_s: float,
+        probe_timeout_s: float = 1.0,
         progress_batch_tokens: int = 16,
     ) -> None:
         self.session = session
-        self.router = router
+        self.pipeline = pipeline
         self.node_url = node_url
-        self.flags = flags
         self.metrics = metrics
-        self.max_retries = max_retries
-        self.upstream_timeout = aiohttp.ClientTimeout(total=upstream_timeout_s)
+        self.upstream_timeout_s = upstream_timeout_s
+        self.first_byte_timeout_s = first_byte_timeout_s
+        self.idle_timeout_s = idle_timeout_s
+        self.probe_timeout_s = probe_timeout_s
         self.progress_batch_tokens = progress_batch_tokens
 
     async def forward(self, call: Call, request: web.Request | None) -> web.StreamResponse:
         """Dispatch with retries; ``request`` is None for background (async job) calls."""
-        tried: list[str] = []
-        last_failure: UpstreamFailure | None = None
-        attempts = 1 + (self.max_retries if self.flags.enabled("retries") else 0)
-        for attempt in range(attempts):
+        flow = call.flow
+        call.on_progress = partial(self.pipeline.progress, flow)
+        while True:
             try:
-                decision = self.router.route(call.route, exclude=tuple(tried))
-            except NoNodeAvailable as exc:
-                if last_failure is not None:
-                    break
-                raise ApiError(
-                    503,
-                    f"no node can take the request: {exc}",
-                    code="no_node_available",
-                    headers={"Retry-After": "1"},
-                ) from None
-            tried.append(decision.node_id)
+                decision = self.pipeline.next_attempt(flow)
+            except GiveUp as stop:
+                headers = {}
+                if stop.retry_after_s is not None:
+                    headers["Retry-After"] = str(max(1, round(stop.retry_after_s)))
+                raise ApiError(stop.status, str(stop), code=stop.code, headers=headers) from None
             call.decision = decision
-            call.attempts = attempt + 1
-            if attempt:
-                self.metrics.retries.labels(last_failure.kind if last_failure else "?").inc()
+            call.attempts = flow.attempts
             try:
                 return await self._dispatch(call, decision, request)
             except UpstreamFailure as failure:
-                last_failure = failure
-                self.metrics.upstream_errors.labels(decision.node_id, failure.kind).inc()
                 log.warning(
                     "upstream failure request_id=%s node=%s kind=%s attempt=%d: %s",
                     call.request_id,
                     decision.node_id,
                     failure.kind,
-                    attempt + 1,
+                    flow.attempts,
                     failure,
                 )
-        assert last_failure is not None
-        raise ApiError(
-            502,
-            f"upstream failed after {len(tried)} attempt(s): {last_failure}",
-            code=f"upstream_{last_failure.kind}",
-        )
 
     async def _dispatch(
         self, call: Call, decision: RouteDecision, request: web.Request | None
     ) -> web.StreamResponse:
+        """One attempt; its outcome goes to the pipeline exactly once."""
         outcome = _Outcome()
-        self.router.on_dispatch(call.route, decision)
-        self.metrics.dispatches.labels(decision.node_id, decision.reason).inc()
+        failure: UpstreamFailure | None = None
         try:
             base = self.node_url(decision.node_id)
             if base is None:
                 raise UpstreamFailure("node_removed", f"node {decision.node_id} was removed")
             if call.stream and request is not None:
-                return await self._stream(call, decision, base, request, outcome)
-            return await self._unary(call, decision, base, outcome)
+                response = await self._stream(call, decision, base, request, outcome)
+            else:
+                response = await self._unary(call, decision, base, outcome)
+            if outcome.ok and outcome.output_tokens:  # the final count (streams report batches)
+                await self.pipeline.progress(call.flow, outcome.output_tokens)
+            return response
+        except UpstreamFailure as exc:
+            failure = exc
+            raise
+        except asyncio.CancelledError:  # the client left: its upstream request goes too
+            self.metrics.client_disconnects.inc()
+            self.pipeline.cancelled("upstream")
+            log.info("client went away request_id=%s node=%s", call.request_id, decision.node_id)
+            raise
         finally:
             self._record_usage(decision, call.usage)
-            self.router.on_complete(
-                call.route,
-                decision,
-                ok=outcome.ok,
-                actual_cached_tokens=outcome.cached_tokens,
-                output_tokens=outcome.output_tokens,
-            )
+            if failure is not None:
+                why = Failure(failure.kind, str(failure), status=failure.status)
+                self.pipeline.attempt_failed(call.flow, decision, why)
+            else:
+                self.pipeline.attempt_done(
+                    call.flow,
+                    decision,
+                    ok=outcome.ok,
+                    cached_tokens=outcome.cached_tokens,
+                    output_tokens=outcome.output_tokens,
+                    broken=outcome.broken,
+                )
 
     def _record_usage(self, decision: RouteDecision, usage: Usage | None) -> None:
         if usage is None:
@@ -209,19 +236,52 @@ class Proxy:
             data = call.raw_body
         else:
             data = json.dumps(body if body is not None else call.body, ensure_ascii=False).encode()
-        try:
-            return await self.session.post(
+        # the idle timeout also bounds the wait for a stream's headers; a non-streamed
+        # answer's headers come when it is done, which the first-byte check governs
+        timeout = aiohttp.ClientTimeout(
+            total=self.upstream_timeout_s,
+            sock_read=self.idle_timeout_s if call.stream else None,
+        )
+        sending = asyncio.ensure_future(
+            self.session.post(
                 base + call.path,
                 data=data,
                 headers={"Content-Type": "application/json", "X-Request-Id": call.request_id},
-                timeout=self.upstream_timeout,
+                timeout=timeout,
             )
+        )
+        try:
+            while True:
+                done, _ = await asyncio.wait({sending}, timeout=self.first_byte_timeout_s)
+                if done:
+                    return sending.result()
+                if not await self._alive(base):
+                    raise UpstreamFailure(
+                        "timeout",
+                        f"no first byte within {self.first_byte_timeout_s:g}s and "
+                        "the engine does not answer /health",
+                        status=504,
+                    )
         except aiohttp.ServerDisconnectedError as exc:  # died while working on the request
             raise UpstreamFailure("disconnected", f"{type(exc).__name__}: {exc}") from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             raise UpstreamFailure("connect", f"{type(exc).__name__}: {exc}") from None
         except TimeoutError:
             raise UpstreamFailure("timeout", "upstream timed out", status=504) from None
+        finally:
+            if not sending.done():  # a failed attempt or a client that left
+                sending.cancel()
+                with contextlib.suppress(BaseException):
+                    await sending
+
+    async def _alive(self, base: str) -> bool:
+        """Whether the engine still answers its health check (busy is fine, hung is not)."""
+        timeout = aiohttp.ClientTimeout(total=self.probe_timeout_s)
+        try:
+            async with self.session.get(base + "/health", timeout=timeout) as resp:
+                return resp.status < 500
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return False
 
     async def _unary(
         self, call: Call, decision: RouteDecision, base: str, outcome: _Outcome
@@ -235,8 +295,9 @@ class Proxy:
             raise UpstreamFailure("timeout", "upstream timed out", status=504) from None
         finally:
             resp.release()
-        if resp.status >= 500:
-            raise UpstreamFailure("http_5xx", f"node answered HTTP {resp.status}")
+        kind = _failure_status(resp.status)
+        if kind is not None:
+            raise UpstreamFailure(kind, f"node answered HTTP {resp.status}")
         if resp.content_type == "application/json":
             try:
                 parsed = json.loads(payload)
@@ -275,8 +336,9 @@ class Proxy:
         inject = not client_wants_usage(call.body)
         resp = await self._post(base, call, with_usage_requested(call.body) if inject else None)
         try:
-            if resp.status >= 500:
-                raise UpstreamFailure("http_5xx", f"node answered HTTP {resp.status}")
+            kind = _failure_status(resp.status)
+            if kind is not None:
+                raise UpstreamFailure(kind, f"node answered HTTP {resp.status}")
             if resp.status != 200 or resp.content_type != "text/event-stream":
                 return await self._plain_answer(call, decision, resp, outcome)
             if inject:
@@ -347,7 +409,6 @@ class Proxy:
                     await send(event.raw + b"\n\n")
                 if call.on_progress and generated - reported >= self.progress_batch_tokens:
                     reported = generated
-                    self.router.on_progress(call.route, decision, generated)
                     await call.on_progress(generated)
             if not done:
                 raise aiohttp.ClientPayloadError("stream ended without [DONE]")
@@ -360,7 +421,7 @@ class Proxy:
             kind = "timeout" if isinstance(exc, TimeoutError) else "stream_broken"
             if client is None:
                 raise UpstreamFailure(kind, f"{type(exc).__name__}: {exc}") from None
-            self.metrics.upstream_errors.labels(decision.node_id, kind).inc()
+            outcome.broken = kind
             log.warning(
                 "stream broke request_id=%s node=%s: %s", call.request_id, decision.node_id, exc
             )
@@ -400,4 +461,4 @@ def _passthrough_headers(resp: aiohttp.ClientResponse) -> dict[str, str]:
     return {k: v for k, v in resp.headers.items() if k.lower() not in _SKIP_UPSTREAM_HEADERS}
 
 
-__all__ = ["Call", "Proxy", "UpstreamFailure", "asyncio"]
+__all__ = ["Call", "Proxy", "UpstreamFailure"]

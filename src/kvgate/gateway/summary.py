@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kvgate.gateway.app import Gateway
+    from kvgate.gateway.gateway import Gateway
 
 
 def _num(value: Any) -> float | int | None:

@@ -21,4 +21,5 @@ class RequestRecord:
     cached_tokens: int = 0  # engine-reported
     expected_cached_tokens: int = 0  # the router's prediction
     queued_s: float = 0.0
-    admission: str = "admit"
+    admission: str = "admit"  # the X-KVGate-Admission value (or an error code)
+    route_reason: str | None = None  # X-KVGate-Route-Reason of the answering attempt

@@ -12,9 +12,8 @@ from kvgate.prompts import (
     render_chat,
     validate_messages,
 )
-from kvgate.prompts import stable_prefix as chat_stable_prefix
 from kvgate.routing.config import RouteKeyConfig
-from kvgate.routing.route_key import kb_version_for, prefix_digest, route_key
+from kvgate.routing.route_key import kb_version_for, prefix_digest, route_key, route_key_for
 from kvgate.tokens import text_block_hashes
 from kvgate.types import RouteRequest
 
@@ -52,46 +51,44 @@ def build_route_request(
     tenant: str,
     priority: int,
     config: RouteKeyConfig,
+    model: str | None = None,
 ) -> RouteRequest:
-    """Render the canonical prompt, hash its blocks and derive the route key."""
+    """Render the canonical prompt, hash its blocks and derive the route key.
+
+    ``model``: the served model the request resolved to (default: the body's field); the
+    route key is built with it, so nothing changes the route's model afterwards.
+    """
     if not isinstance(body, Mapping):
         raise PromptError("the request body must be a JSON object")
-    model = _model(body)
+    if model is None:
+        model = _model(body)
     max_tokens = _max_tokens(body)
-    stable: str | None
     if endpoint == "chat":
         messages = validate_messages(body.get("messages"))
         tools = body.get("tools")
         canonical_tools(tools)  # validates the field before rendering
         text = render_chat(messages, tools)
-        stable = _chat_stable(messages, tools, config)
+        prompt_tokens, hashes = text_block_hashes(text)
+        key = route_key_for(model, messages, config=config, tools=tools, headers=headers)
     elif endpoint == "completions":
         text = completion_prompt(body.get("prompt"))
-        stable = None
-    else:
-        raise PromptError(f"unknown endpoint {endpoint!r}")
-    prompt_tokens, hashes = text_block_hashes(text)
-    if stable is None:
+        prompt_tokens, hashes = text_block_hashes(text)
         # A raw completion prompt has no structured stable part: its first
         # COMPLETION_KEY_BLOCKS blocks stand in for it (one chained hash covers them all).
         stable = f"blocks:{hashes[min(len(hashes), COMPLETION_KEY_BLOCKS) - 1]}" if hashes else ""
-    digest = prefix_digest(stable, kb_version_for(headers, config))
+        key = route_key(model, prefix_digest(stable, kb_version_for(headers, config)))
+    else:
+        raise PromptError(f"unknown endpoint {endpoint!r}")
     return RouteRequest(
         request_id=request_id,
         model=model,
         prompt_tokens=prompt_tokens,
         block_hashes=hashes,
-        route_key=route_key(model, digest),
+        route_key=key,
         max_tokens=max_tokens,
         tenant=tenant,
         priority=priority,
     )
-
-
-def _chat_stable(messages: Sequence[Mapping[str, Any]], tools: Any, config: RouteKeyConfig) -> str:
-    system = chat_stable_prefix(messages, None) if config.include_system_prompt else ""
-    tool_text = canonical_tools(tools) if config.include_tools else ""
-    return system + ("\x1ftools=" + tool_text if tool_text else "")
 
 
 def route_request_from_tokens(
@@ -100,7 +97,7 @@ def route_request_from_tokens(
     model: str,
     prompt_tokens: int,
     block_hashes: Sequence[int],
-    stable_prefix_digest: str,
+    route_key: str,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     tenant: str = "default",
     priority: int = 0,
@@ -112,7 +109,7 @@ def route_request_from_tokens(
         model=model,
         prompt_tokens=prompt_tokens,
         block_hashes=list(block_hashes),
-        route_key=route_key(model, stable_prefix_digest),
+        route_key=route_key,
         max_tokens=max_tokens,
         tenant=tenant,
         priority=priority,

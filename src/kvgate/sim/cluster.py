@@ -2,10 +2,12 @@
 
 It drives the production objects in virtual time: one ``EngineCore`` per node (the
 simulated engine's model), the gateway's ``NodeView`` and ``Router`` (any registered
-policy), and the admission layer's ``AdmissionCore`` over a ``MemoryStore`` (its
-coroutines never suspend, so ``run_now`` drives them). Nothing here decides where a
-request goes or whether it is admitted; the simulator only moves time, delivers requests
-and engine reports, and records what happened.
+policy), the admission layer's ``AdmissionCore`` over an in-memory store (its coroutines
+never suspend, so ``run_now`` drives them) and the gateway's ``RequestPipeline`` (admit,
+degrade, route with retries and ejection, release). Nothing here decides where a request
+goes, whether it is admitted or retried; the simulator only moves time, delivers requests,
+engine reports (through the engine adapter, as a scrape would) and probes, and records
+what happened.
 """
 
 from __future__ import annotations
@@ -18,14 +20,37 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvgate.adapters.base import (
+    GENERATION_TOKENS,
+    PREEMPTIONS,
+    PREFIX_HITS,
+    PREFIX_QUERIES,
+    PROMPT_TOKENS,
+    REQUESTS,
+    Observation,
+)
+from kvgate.adapters.sim import SimAdapter
 from kvgate.admission.config import AdmissionConfig, DegradeConfig, TenantConfig
 from kvgate.admission.core import AdmissionCore
 from kvgate.admission.dynamic_quota import DynamicQuota
+from kvgate.admission.queue import QueuedRequest
 from kvgate.clock import ManualClock, run_now
 from kvgate.engine.core import EngineCore
 from kvgate.engine.profiles import get_profile
 from kvgate.engine.request import EngineRequest, EventKind
 from kvgate.flags import Flags
+from kvgate.pipeline import (
+    Failure,
+    Flow,
+    GiveUp,
+    PipelineConfig,
+    RequestPipeline,
+    UnknownModel,
+    engine_kv_capacity,
+    engine_kv_tokens,
+    resolve_model,
+)
+from kvgate.pipeline.virtual import VirtualAdmission
 from kvgate.report import RequestRecord, summarize
 from kvgate.routing.config import RoutingConfig
 from kvgate.routing.node_view import NodeView
@@ -34,21 +59,12 @@ from kvgate.routing.request import route_request_from_tokens
 from kvgate.routing.router import Router
 from kvgate.sim.events import ClusterEvent
 from kvgate.sim.reference_policies import OraclePolicy, SmgApproxPolicy
-from kvgate.store.memory import MemoryStore
-from kvgate.types import (
-    AdmissionKind,
-    AdmissionRequest,
-    AdmissionResult,
-    NodeReport,
-    NodeSpec,
-    NoNodeAvailable,
-    RouteDecision,
-    RouteRequest,
-)
+from kvgate.store import open_store
+from kvgate.types import AdmissionKind, AdmissionRequest, AdmissionResult, NodeSpec
 from kvgate.workloads import PromptCache, WorkItem, Workload
 from kvgate.workloads.base import TokenizedPrompt
 
-_ARRIVAL, _WAKE, _SCRAPE, _SAMPLE, _DEADLINE, _EVENT, _QUOTA = range(7)
+_ARRIVAL, _WAKE, _SCRAPE, _SAMPLE, _DEADLINE, _EVENT, _QUOTA, _PROBE = range(8)
 
 
 @dataclass(slots=True)
@@ -68,6 +84,10 @@ class SimConfig:
     routing: dict[str, Any] = field(default_factory=dict)  # RoutingConfig overrides
     degrade_modes: dict[str, str] = field(default_factory=dict)  # class -> mode
     plot_nodes: int = 16  # node-load series kept for plots
+    model: str = "default"  # the model every node serves ("default" in a request means it)
+    # the admission config to use as is (None: built from the workload's tenant hints)
+    admission_config: AdmissionConfig | None = None
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
 
 
 @dataclass(slots=True)
@@ -86,14 +106,10 @@ class SimResult:
 class _Live:
     item: WorkItem
     prompt: TokenizedPrompt
-    rreq: RouteRequest
+    flow: Flow
     record: RequestRecord
-    admission: AdmissionResult | None = None
-    decision: RouteDecision | None = None
     first_token: float | None = None
     cached: int = 0
-    tried: set[str] = field(default_factory=set)
-    attempts: int = 0
 
 
 class ClusterSim:
@@ -124,16 +140,31 @@ class ClusterSim:
         self.router = Router(
             routing, self.nodes, flags=self.flags, clock=self.clock, rng=random.Random(config.seed)
         )
+        self.adapter = SimAdapter()
         for i in range(config.nodes):
             self._start_node(f"node-{i}")
         self.admission: AdmissionCore | None = None
         self.dynamic_quota: DynamicQuota | None = None
         self._quota_steps = 0
+        virtual: VirtualAdmission | None = None
+        economy_pool = "economy"
         if config.admission:
             self.admission = self._admission_core()
+            economy_pool = self.admission.config.degrade.economy_pool
             self.dynamic_quota = DynamicQuota(
                 self.admission, self.admission.store, capacity=self._live_capacity
             )
+            virtual = VirtualAdmission(self.admission, self.clock, self._admit_queued)
+        self.pipeline = RequestPipeline(
+            router=self.router,
+            admission=virtual,
+            flags=self.flags,
+            clock=self.clock,
+            max_retries=config.max_retries,
+            config=config.pipeline,
+            economy_pool=economy_pool,
+        )
+        self._probe_at: float | None = None
         self.cache = PromptCache()
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = itertools.count()
@@ -153,15 +184,18 @@ class ClusterSim:
         self.dead.discard(node_id)
         capacity = engine.profile.num_gpu_blocks * engine.profile.block_size
         self.nodes.add_node(
-            NodeSpec(node_id, f"sim://{node_id}", engine_type="sim", kv_capacity_tokens=capacity)
+            NodeSpec(
+                node_id,
+                f"sim://{node_id}",
+                model=self.config.model,
+                engine_type="sim",
+                kv_capacity_tokens=capacity,
+            )
         )
 
-    def _live_capacity(self) -> int:
-        return sum(
-            e.profile.num_gpu_blocks * e.profile.block_size
-            for node_id, e in self.engines.items()
-            if node_id not in self.dead
-        )
+    def _live_capacity(self) -> int | None:
+        """What the gateway measures: the KV capacity of nodes with a fresh report."""
+        return engine_kv_capacity(self.nodes)
 
     def _quota_step(self, now: float) -> None:
         """One iteration of the production dynamic-quota loop, then admit what now fits."""
@@ -173,28 +207,42 @@ class ClusterSim:
         if self.admission.total != before:
             self._quota_steps += 1
         for item in run_now(self.admission.drain(now)):
-            self._admit_queued(item, now)
+            self._admit_queued(item)
 
     def _admission_core(self) -> AdmissionCore:
-        capacity = sum(
-            e.profile.num_gpu_blocks * e.profile.block_size for e in self.engines.values()
-        )
-        total = self.config.total_quota or capacity
-        tenants = [
-            TenantConfig(
-                name=name,
-                guaranteed=int(total * float(hint.get("guaranteed_fraction", 0.0))),
-                weight=float(hint.get("weight", 1.0)),
+        cfg = self.config.admission_config
+        if cfg is None:
+            capacity = sum(
+                e.profile.num_gpu_blocks * e.profile.block_size for e in self.engines.values()
             )
-            for name, hint in sorted(self.workload.tenants.items())
-        ]
-        modes: dict[str, Any] = dict(self.config.degrade_modes)
-        cfg = AdmissionConfig(
-            total_quota=total, tenants=tenants, degrade=DegradeConfig(modes=modes)
-        )
+            total = self.config.total_quota or capacity
+            tenants = [
+                TenantConfig(
+                    name=name,
+                    guaranteed=int(total * float(hint.get("guaranteed_fraction", 0.0))),
+                    weight=float(hint.get("weight", 1.0)),
+                )
+                for name, hint in sorted(self.workload.tenants.items())
+            ]
+            modes: dict[str, Any] = dict(self.config.degrade_modes)
+            cfg = AdmissionConfig(
+                total_quota=total, tenants=tenants, degrade=DegradeConfig(modes=modes)
+            )
         return AdmissionCore(
-            cfg, MemoryStore(self.clock), flags=self.flags, gateway_id=f"sim-{self.policy}"
+            cfg,
+            open_store("memory://", clock=self.clock),
+            flags=self.flags,
+            gateway_id=f"sim-{self.policy}",
+            engine_usage=lambda: engine_kv_tokens(self.nodes),
+            local_store=open_store("memory://", clock=self.clock),
         )
+
+    def _priority_min(self, tenant: str) -> int:
+        if self.admission is not None:
+            for t in self.admission.config.tenants:
+                if t.name == tenant:
+                    return t.priority_min
+        return 0
 
     # -- event queue ---------------------------------------------------------------------
     def _push(self, t: float, kind: int, payload: Any = None) -> None:
@@ -227,59 +275,70 @@ class ClusterSim:
     # -- request life ------------------------------------------------------------------
     def _arrive(self, item: WorkItem, now: float) -> None:
         prompt = self.cache.prompt(item)
-        rreq = route_request_from_tokens(
-            request_id=item.request_id,
-            model=item.model,
-            prompt_tokens=prompt.prompt_tokens,
-            block_hashes=prompt.block_hashes,
-            stable_prefix_digest=prompt.stable_digest,
-            max_tokens=item.max_tokens,
-            tenant=item.tenant,
-        )
         record = RequestRecord(
             item.request_id, item.tenant, None, now, "ok", prompt_tokens=prompt.prompt_tokens
         )
-        live = _Live(item, prompt, rreq, record)
+        try:
+            model = resolve_model(item.model, (self.config.model,))
+        except UnknownModel:
+            self._records.append(record)
+            self._resolved += 1
+            record.status, record.http_status, record.admission = "error", 404, "model_not_found"
+            return
+        rreq = route_request_from_tokens(
+            request_id=item.request_id,
+            model=model,
+            prompt_tokens=prompt.prompt_tokens,
+            block_hashes=prompt.block_hashes,
+            route_key=item.route_key(model, self.router.config.route_key),
+            max_tokens=item.max_tokens,
+            tenant=item.tenant,
+        )
+        areq = None
+        if self.admission is not None:
+            areq = AdmissionRequest(
+                item.request_id,
+                item.tenant,
+                item.priority_class,
+                prompt.prompt_tokens,
+                item.max_tokens,
+            )
+        flow = self.pipeline.start(rreq, areq, priority_min=self._priority_min(item.tenant))
+        live = _Live(item, prompt, flow, record)
         self._live[item.request_id] = live
         if self.admission is None:
+            self.pipeline.accept(flow, None)
             self._dispatch(live, now)
             return
-        areq = AdmissionRequest(
-            item.request_id, item.tenant, item.priority_class, prompt.prompt_tokens, item.max_tokens
-        )
-        result = run_now(self.admission.try_admit(areq, now))
-        live.admission = result
+        result = run_now(self.pipeline.admit(flow))
+        record.admission = result.header()
         if result.kind == AdmissionKind.ADMIT:
             self._dispatch(live, now)
         elif result.kind == AdmissionKind.DEGRADE:
-            record.status, record.admission = "degraded", f"degrade:{result.degrade_to}"
+            record.status = "degraded"
             self._dispatch(live, now)
         elif result.kind == AdmissionKind.QUEUE:
-            record.admission = "queue"
             self._push(result.ticket.deadline, _DEADLINE)
         else:
-            self._resolve(live, "rejected", result.status, f"reject:{result.reason}")
+            self._resolve(live, "rejected", _reject_status(result), result.header())
 
     def _dispatch(self, live: _Live, now: float) -> None:
+        flow = live.flow
         while True:
             try:
-                decision = self.router.route(live.rreq, exclude=live.tried)
-            except NoNodeAvailable:
-                self._fail(live, now, 503, "no_node")
+                decision = self.pipeline.next_attempt(flow)
+            except GiveUp as stop:
+                self._fail(live, now, stop.status, stop.code)
                 return
             node = decision.node_id
-            self.router.on_dispatch(live.rreq, decision)
-            if node in self.dead:  # connection refused: retry on the next candidate
-                self.router.on_complete(live.rreq, decision, ok=False, actual_cached_tokens=None)
-                live.tried.add(node)
-                live.attempts += 1
-                if not self.flags["retries"] or live.attempts > self.config.max_retries:
-                    self._fail(live, now, 502, "upstream_unreachable")
-                    return
-                continue
-            break
-        live.decision = decision
+            if node not in self.dead:
+                break
+            # connection refused: the pipeline counts it, may eject the node, and retries
+            failure = Failure("connect", f"node {node} refused the connection")
+            if self.pipeline.attempt_failed(flow, decision, failure):
+                self._schedule_probe()
         live.record.node = node
+        live.record.route_reason = decision.reason
         live.record.expected_cached_tokens = decision.expected_cached_tokens
         self._advance(node, now)
         req = EngineRequest(
@@ -290,8 +349,8 @@ class ClusterSim:
         )
         try:
             self.engines[node].add_request(req, now)
-        except ValueError:
-            self.router.on_complete(live.rreq, decision, ok=False, actual_cached_tokens=None)
+        except ValueError:  # the engine's answer about the request itself: not retried
+            self.pipeline.attempt_done(flow, decision, ok=False)
             self._fail(live, now, 400, "too_long")
             return
         self._schedule_wake(node)
@@ -304,12 +363,14 @@ class ClusterSim:
         rec.e2e = t - rec.arrival
         if output_tokens > 1 and live.first_token is not None:
             rec.tpot = (t - live.first_token) / (output_tokens - 1)
-        assert live.decision is not None
-        self.router.on_complete(
-            live.rreq,
-            live.decision,
+        flow = live.flow
+        assert flow.decision is not None
+        run_now(self.pipeline.progress(flow, output_tokens))
+        self.pipeline.attempt_done(
+            flow,
+            flow.decision,
             ok=True,
-            actual_cached_tokens=live.cached,
+            cached_tokens=live.cached,
             output_tokens=output_tokens,
         )
         self._window_tokens[0] += rec.prompt_tokens
@@ -326,32 +387,39 @@ class ClusterSim:
         self._live.pop(live.item.request_id, None)
         self._records.append(rec)
         self._resolved += 1
-        admitted = live.admission is not None and live.admission.kind in (
-            AdmissionKind.ADMIT,
-            AdmissionKind.DEGRADE,
-        )
-        if self.admission is not None and live.admission is not None and admitted:
-            now = self.clock.now()
-            for item in run_now(self.admission.release(live.admission, now)):
-                self._admit_queued(item, now)
+        run_now(self.pipeline.release(live.flow))  # may admit queued work (_admit_queued)
 
-    def _admit_queued(self, item: Any, now: float) -> None:
+    def _admit_queued(self, item: QueuedRequest) -> None:
         live = self._live.get(item.request.request_id)
         if live is None:
             return
-        live.admission = item.outcome
+        self.pipeline.accept(live.flow, item.outcome)
         live.record.queued_s = item.outcome.queued_seconds
-        live.record.admission = "queue->admit"
-        self._dispatch(live, now)
+        live.record.admission = item.outcome.header()
+        self._dispatch(live, self.clock.now())
 
     def _expire(self, now: float) -> None:
         assert self.admission is not None
         for item in self.admission.expire(now):
             live = self._live.get(item.request.request_id)
             if live is not None:
-                live.admission = item.outcome
+                self.pipeline.accept(live.flow, item.outcome)
                 live.record.queued_s = item.outcome.queued_seconds
-                self._resolve(live, "rejected", 408, "reject:deadline")
+                self._resolve(live, "rejected", 408, item.outcome.header())
+
+    # -- re-admission probes of ejected nodes ------------------------------------------
+    def _schedule_probe(self) -> None:
+        t = self.pipeline.outlier.next_probe_at()
+        if t is not None and (self._probe_at is None or t < self._probe_at):
+            self._probe_at = t
+            self._push(t, _PROBE)
+
+    def _probe(self) -> None:
+        self._probe_at = None
+        for node_id in self.pipeline.due_probes():
+            alive = node_id in self.engines and node_id not in self.dead
+            self.pipeline.probe_result(node_id, alive)
+        self._schedule_probe()
 
     # -- cluster events and observation ----------------------------------------------
     def _cluster_event(self, ev: ClusterEvent, now: float) -> None:
@@ -369,39 +437,47 @@ class ClusterSim:
             self.dead.add(ev.node_id)
             victims = [lv for lv in self._live.values() if lv.record.node == ev.node_id]
             for live in victims:
-                assert live.decision is not None
-                self.router.on_complete(
-                    live.rreq, live.decision, ok=False, actual_cached_tokens=None
-                )
-                if live.first_token is None and self.flags["retries"]:
-                    live.tried.add(ev.node_id)
-                    live.attempts += 1
+                flow = live.flow
+                assert flow.decision is not None
+                if live.first_token is None:  # nothing reached the client: may be retried
+                    failure = Failure("disconnected", f"node {ev.node_id} died")
+                    self.pipeline.attempt_failed(flow, flow.decision, failure)
                     live.record.node = None
-                    self._dispatch(live, now)  # nothing was sent to the client yet
+                    self._dispatch(live, now)
                 else:
+                    self.pipeline.attempt_done(
+                        flow, flow.decision, ok=False, broken="stream_broken"
+                    )
                     self._fail(live, now, 502, "engine_died_mid_stream")
+            self._schedule_probe()
 
     def _scrape(self, now: float) -> None:
+        """What the gateway's scraper would read, through the same engine adapter."""
         for node_id, engine in self.engines.items():
-            if node_id in self.dead:
-                continue  # no report: the node view marks it unreachable after freshness_s
+            entry = self.nodes.get(node_id)
+            previous = entry.report if entry is not None else None
+            if node_id in self.dead:  # the scrape fails: a stale report
+                report = self.adapter.stale_report(node_id=node_id, now=now, previous=previous)
+                self.nodes.apply_report(report)
+                continue
             self._advance(node_id, now)
             st = engine.stats()
+            observation = Observation(
+                running=st.running,
+                waiting=st.waiting,
+                kv_usage=st.kv_usage,
+                kv_capacity_tokens=st.num_gpu_blocks * engine.profile.block_size,
+                counters={
+                    PROMPT_TOKENS: float(st.prompt_tokens),
+                    GENERATION_TOKENS: float(st.generation_tokens),
+                    PREFIX_QUERIES: float(st.prefix_cache_queries),
+                    PREFIX_HITS: float(st.prefix_cache_hits),
+                    PREEMPTIONS: float(st.preemptions),
+                    REQUESTS: float(st.finished),
+                },
+            )
             self.nodes.apply_report(
-                NodeReport(
-                    node_id=node_id,
-                    timestamp=now,
-                    running=st.running,
-                    waiting=st.waiting,
-                    kv_usage=st.kv_usage,
-                    kv_capacity_tokens=st.num_gpu_blocks * engine.profile.block_size,
-                    preemptions_total=st.preemptions,
-                    engine_type="sim",
-                    extra={
-                        "prefix_queries_total": float(st.prefix_cache_queries),
-                        "prefix_hits_total": float(st.prefix_cache_hits),
-                    },
-                )
+                self.adapter.build_report(observation, node_id=node_id, now=now, previous=previous)
             )
 
     def _sample(self, now: float) -> None:
@@ -472,6 +548,8 @@ class ClusterSim:
             elif kind == _QUOTA:
                 self._quota_step(now)
                 self._push(now + quota_interval, _QUOTA)
+            elif kind == _PROBE:
+                self._probe()
         for live in list(self._live.values()):  # only if the event queue ran dry: a bug
             self._fail(live, self.clock.now(), 500, "simulation_stalled")
         wall = time.perf_counter() - started
@@ -518,3 +596,8 @@ def run_comparison(
 ) -> dict[str, SimResult]:
     """Every policy on the identical request stream."""
     return {p: ClusterSim(workload, config, p).run() for p in policies}
+
+
+def _reject_status(result: AdmissionResult) -> int:
+    """The HTTP status the gateway answers a rejection with (recorded for reports)."""
+    return result.status

@@ -10,8 +10,12 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvgate.store.base import KVStore, StoreUnavailable, WatchEvent
+
+if TYPE_CHECKING:
+    from kvgate.clock import Clock
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +105,12 @@ class Store(KVStore):
         """Return the reservations of gateways whose lease expired; tokens reclaimed."""
 
 
-def open_store(url: str) -> Store:
-    """memory://, redis://host:port, etcd://host:port, or "redis://…,etcd://…"."""
+def open_store(url: str, *, clock: Clock | None = None) -> Store:
+    """memory://, redis://host:port, etcd://host:port, or "redis://…,etcd://…".
+
+    ``clock`` drives the leases and TTLs of a memory:// store (the simulator passes its
+    virtual clock); remote stores keep time on the server.
+    """
     parts = [p.strip() for p in url.split(",") if p.strip()]
     if len(parts) == 2:
         from kvgate.store.composite import CompositeStore
@@ -112,18 +120,27 @@ def open_store(url: str) -> Store:
         config = by_scheme.get("etcd")
         if counters is None or config is None:
             raise ValueError(f"store pair must be redis://…,etcd://…, got {url!r}")
-        return CompositeStore(_open_one(counters), _open_one(config))
+        return CompositeStore(_open_one(counters, clock), _open_one(config, clock))
     if len(parts) != 1:
         raise ValueError(f"store: expected one URL or a redis+etcd pair, got {url!r}")
-    return _open_one(parts[0])
+    return _open_one(parts[0], clock)
 
 
-def _open_one(url: str) -> Store:
+def with_counters(store: KVStore, *, clock: Clock | None = None) -> Store:
+    """``store`` itself when it has the counter half, else it with in-process counters."""
+    if isinstance(store, Store):
+        return store
+    from kvgate.store.composite import CompositeStore
+
+    return CompositeStore(open_store("memory://", clock=clock), store)
+
+
+def _open_one(url: str, clock: Clock | None = None) -> Store:
     scheme = url.split("://", 1)[0] if "://" in url else ""
     if scheme == "memory":
         from kvgate.store.memory import MemoryStore
 
-        return MemoryStore()
+        return MemoryStore(clock)
     if scheme in ("redis", "rediss"):
         from kvgate.store.redis_store import RedisStore
 
@@ -144,4 +161,5 @@ __all__ = [
     "WatchEvent",
     "check_reserve",
     "open_store",
+    "with_counters",
 ]

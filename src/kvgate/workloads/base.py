@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvgate.prompts import render_chat, stable_prefix
+from kvgate.routing.config import RouteKeyConfig
+from kvgate.routing.route_key import route_key_for
 from kvgate.tokens import BLOCK_SIZE, ROOT_HASH, block_hashes, tokenize
 
 
@@ -31,6 +32,10 @@ class WorkItem:
             "ignore_eos": True,
         }
 
+    def route_key(self, model: str, config: RouteKeyConfig) -> str:
+        """The route key the gateway derives for ``chat_body()`` served by ``model``."""
+        return route_key_for(model, self.messages, config=config)
+
 
 @dataclass(slots=True)
 class Workload:
@@ -50,7 +55,6 @@ class Workload:
 class TokenizedPrompt:
     prompt_tokens: int
     block_hashes: list[int]
-    stable_digest: str
 
 
 class PromptCache:
@@ -63,20 +67,16 @@ class PromptCache:
     """
 
     def __init__(self, max_entries: int = 4096) -> None:
-        self._prefixes: OrderedDict[str, tuple[list[str], list[int], str]] = OrderedDict()
+        self._prefixes: OrderedDict[str, tuple[list[str], list[int]]] = OrderedDict()
         self._max = max_entries
 
-    def _prefix(self, text: str) -> tuple[list[str], list[int], str]:
+    def _prefix(self, text: str) -> tuple[list[str], list[int]]:
         hit = self._prefixes.get(text)
         if hit is not None:
             self._prefixes.move_to_end(text)
             return hit
         pieces = tokenize(text)
-        entry = (
-            pieces,
-            block_hashes(pieces),
-            hashlib.blake2b(text.encode(), digest_size=8).hexdigest(),
-        )
+        entry = (pieces, block_hashes(pieces))
         self._prefixes[text] = entry
         if len(self._prefixes) > self._max:
             self._prefixes.popitem(last=False)
@@ -87,12 +87,11 @@ class PromptCache:
         stable = stable_prefix(item.messages)
         if not stable or not full.startswith(stable):
             pieces = tokenize(full)
-            digest = hashlib.blake2b(stable.encode(), digest_size=8).hexdigest()
-            return TokenizedPrompt(len(pieces), block_hashes(pieces), digest)
-        p_pieces, p_hashes, digest = self._prefix(stable)
+            return TokenizedPrompt(len(pieces), block_hashes(pieces))
+        p_pieces, p_hashes = self._prefix(stable)
         rest = tokenize(full[len(stable) :])
         full_blocks = len(p_pieces) // BLOCK_SIZE
         tail = p_pieces[full_blocks * BLOCK_SIZE :] + rest
         parent = p_hashes[-1] if p_hashes else ROOT_HASH
         hashes = p_hashes + block_hashes(tail, parent=parent)
-        return TokenizedPrompt(len(p_pieces) + len(rest), hashes, digest)
+        return TokenizedPrompt(len(p_pieces) + len(rest), hashes)

@@ -344,3 +344,22 @@ def generate_workload(
     tenants = extra.pop("tenants", {})
     p.update(extra)
     return Workload(name=name, seed=seed, params=p, items=items, tenants=tenants)
+
+
+# Arrival rates at which round_robin keeps the cluster's prefill ≥ 90% busy (8 nodes,
+# llama3-8b-h100); see docs/benchmarks.md "Saturated workloads" for how they were found.
+HIGH_LOAD_RATES: dict[str, float] = {}
+LOADS = ("normal", "high")
+
+
+def load_rate(name: str, load: str) -> float | None:
+    """The arrival rate of a named load level (None: the workload's default rate)."""
+    if load not in LOADS:
+        raise ValueError(f"load must be one of {', '.join(LOADS)}; got {load!r}")
+    if load == "normal":
+        return None
+    try:
+        return HIGH_LOAD_RATES[name]
+    except KeyError:
+        known = ", ".join(sorted(HIGH_LOAD_RATES))
+        raise ValueError(f"workload {name!r} has no high-load variant; known: {known}") from None

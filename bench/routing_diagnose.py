@@ -19,8 +19,8 @@ from typing import Any
 
 from kvgate.sim.cluster import ClusterSim, SimConfig
 from kvgate.types import NoNodeAvailable, RouteDecision, RouteRequest
-from kvgate.workloads import WORKLOAD_NAMES, generate_workload
-from kvgate.workloads.catalog import load_rate
+from kvgate.workloads import WORKLOAD_NAMES
+from kvgate.workloads.catalog import generate_at_load
 
 
 @dataclass(slots=True)
@@ -51,9 +51,7 @@ def record_decisions(sim: ClusterSim) -> list[DecisionRecord]:
             raise
         now = router.clock.now()
         loads = {e.node_id: e.load for e in router.nodes.entries()}
-        matches = getattr(router, "cache_signal", router.index).match(
-            req.block_hashes, now, list(loads)
-        )
+        matches = router.cache_signal.match(req.block_hashes, now, list(loads))
         best = max(matches, key=lambda n: matches[n]) if matches else None
         out.append(
             DecisionRecord(
@@ -75,8 +73,8 @@ def record_decisions(sim: ClusterSim) -> list[DecisionRecord]:
     return out
 
 
-def diagnose(workload: str, policy: str, requests: int, seed: int, load: str) -> str:
-    wl = generate_workload(workload, seed=seed, requests=requests, rate=load_rate(workload, load))
+def diagnose(workload: str, policy: str, requests: int | None, seed: int, load: str) -> str:
+    wl = generate_at_load(workload, load, seed=seed, requests=requests)
     sim = ClusterSim(wl, SimConfig(nodes=8, seed=seed), policy)
     decisions = record_decisions(sim)
     result = sim.run()
@@ -114,7 +112,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", default="shared-prefix", choices=WORKLOAD_NAMES)
     parser.add_argument("--policy", default="hybrid")
-    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--requests", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--load", choices=("normal", "high"), default="normal")
     args = parser.parse_args()

@@ -88,9 +88,10 @@ def test_spill_is_per_request_and_by_cost(cluster_factory: Factory) -> None:
     c = cluster_factory()
     owners = {g: c.serve(group_request(g, f"seed{g}")) for g in range(8)}
     hot = owners[0]
-    # 512 cached tokens save 512 / 30800 s ≈ 17 ms of prefill; 600 queued tokens there
-    # cost ≈ 28 ms of waiting: leave. 100 queued tokens (≈ 11 ms): stay.
-    backlog(c, hot, 600, "bulk")
+    # 512 cached tokens are worth 2 × 512 / 30800 s ≈ 33 ms (this request's prefill and
+    # the work it adds elsewhere); 1200 queued tokens there cost ≈ 47 ms of waiting:
+    # leave. 100 queued tokens (≈ 11 ms): stay.
+    backlog(c, hot, 1200, "bulk")
     spilled = c.router.route(group_request(0, "q"))
     assert spilled.node_id != hot and spilled.reason == "cost_spill"
     for g, node in owners.items():

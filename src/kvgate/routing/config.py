@@ -48,6 +48,9 @@ class RoutingConfig(BaseModel):
     # a spill must save at least this much predicted TTFT (seconds): keeps affinity
     # through noise in the queue estimate
     spill_margin_s: float = Field(default=0.0, ge=0)
+    # a spill's re-prefill is paid twice: by this request (its TTFT) and by every request
+    # queued behind it on the new node (the added work); 2 counts both, 1 only the former
+    cache_weight: float = Field(default=2.0, ge=0)
     # balance: each unit of load score costs load_weight × prefill_step_s of predicted
     # TTFT (decode batches slow every step): a tiny prefix match does not pile new
     # conversations onto one node, a long one still wins

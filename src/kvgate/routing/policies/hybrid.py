@@ -63,7 +63,7 @@ class HybridPolicy:
     def choose(self, req: RouteRequest, ctx: RoutingContext) -> RouteDecision:
         cfg = ctx.config
         weights = {
-            "cache": 1.0,
+            "cache": cfg.cache_weight,
             "queue": 1.0,
             "cold_boost": cfg.cold_boost_weight,
             "load": cfg.load_weight,

@@ -7,7 +7,8 @@ from collections.abc import Callable
 import pytest
 from prometheus_client import generate_latest
 
-from kvgate.routing import RoutingContext, register_policy
+from kvgate.routing import RoutingContext, register_policy, route_request_from_tokens
+from kvgate.tokens import block_hashes
 from kvgate.types import NodeSpec, NodeState, NoNodeAvailable, RouteDecision, RouteRequest
 
 from .conftest import Cluster, group_request
@@ -69,17 +70,39 @@ def test_hot_prefix_spreads_beyond_its_home_once_loaded(cluster_factory: Factory
     assert max(used.values()) <= 12
 
 
-def test_load_guard_is_per_request(cluster_factory: Factory) -> None:
+def backlog(c: Cluster, node_id: str, tokens: int, tag: str) -> None:
+    """Dispatch (not complete) a cold request of ``tokens`` to a node: a prefill backlog."""
+    pieces = [f" {tag}w{i}" for i in range(tokens)]
+    req = route_request_from_tokens(
+        request_id=tag,
+        model="m",
+        prompt_tokens=tokens,
+        block_hashes=block_hashes(pieces),
+        stable_prefix_digest=tag,
+        max_tokens=16,
+    )
+    c.router.on_dispatch(req, RouteDecision(node_id, "test", 0, "test"))
+
+
+def test_spill_is_per_request_and_by_cost(cluster_factory: Factory) -> None:
     c = cluster_factory()
     owners = {g: c.serve(group_request(g, f"seed{g}")) for g in range(8)}
     hot = owners[0]
-    c.report(hot, running=2, waiting=20)  # only this node is overloaded
+    # 512 cached tokens are worth 2 × 512 / 30800 s ≈ 33 ms (this request's prefill and
+    # the work it adds elsewhere); 1200 queued tokens there cost ≈ 47 ms of waiting:
+    # leave. 100 queued tokens (≈ 11 ms): stay.
+    backlog(c, hot, 1200, "bulk")
     spilled = c.router.route(group_request(0, "q"))
-    assert spilled.node_id != hot and spilled.reason in ("load_guard_spill", "home_set")
+    assert spilled.node_id != hot and spilled.reason == "cost_spill"
     for g, node in owners.items():
         if node != hot:
             d = c.router.route(group_request(g, "q"))
             assert (d.node_id, d.reason) == (node, "prefix_match")  # others keep affinity
+    c2 = cluster_factory()
+    owner = c2.serve(group_request(0, "seed"))
+    backlog(c2, owner, 100, "small")
+    d = c2.router.route(group_request(0, "q"))
+    assert (d.node_id, d.reason) == (owner, "prefix_match")
 
 
 def test_flag_cache_affinity(cluster_factory: Factory) -> None:
@@ -95,23 +118,21 @@ def test_flag_cache_affinity(cluster_factory: Factory) -> None:
 
 
 def test_flag_consistent_hashing(cluster_factory: Factory) -> None:
-    c = cluster_factory(bounded_load_factor=3.0)  # loose bound: the home set stays put
+    c = cluster_factory()
     req = group_request(4, "q")
-    home = c.router.ring.home_set(req.route_key, 2)
-    for node_id in c.nodes.node_ids:
-        c.report(node_id, running=1 if node_id in home else 0)
-    d = c.router.route(req)
-    assert d.node_id in home and d.reason == "home_set"
+    home = c.router.ring.home_set(req.route_key, 1)
+    d = c.router.route(req)  # an idle, balanced cluster: a new prefix starts at home
+    assert (d.node_id, d.reason) == (home[0], "home_set")
     c.flags.set("consistent_hashing", False)
-    d = c.router.route(req)
-    assert d.node_id not in home and d.reason == "least_load_miss"
+    reasons = {c.router.route(group_request(4, f"q{i}")).reason for i in range(10)}
+    assert reasons == {"least_load_miss"}
 
 
 def test_flag_load_guard(cluster_factory: Factory) -> None:
     c = cluster_factory()
     c.flags.set("consistent_hashing", False)
     owner = c.serve(group_request(2, "seed"))
-    c.report(owner, running=4, waiting=10)
+    backlog(c, owner, 4000, "bulk")
     assert c.router.route(group_request(2, "q")).node_id != owner
     c.flags.set("load_guard", False)
     d = c.router.route(group_request(2, "q"))
@@ -119,7 +140,7 @@ def test_flag_load_guard(cluster_factory: Factory) -> None:
 
 
 def test_flag_hit_feedback_and_demotion_restore(cluster_factory: Factory) -> None:
-    c = cluster_factory()
+    c = cluster_factory(feedback_demote_on_full_miss=True)
     c.flags.set("consistent_hashing", False)
     owner = c.serve(group_request(6, "seed"))
     c.flags.set("hit_feedback", False)
@@ -359,15 +380,20 @@ def test_different_users_with_one_system_prompt_share_candidates(cluster_factory
     assert set(d.candidates) >= {owner}
 
 
-def test_load_guard_watches_kv_usage_and_queue(cluster_factory: Factory) -> None:
+def test_prefill_queue_drains_and_follows_observations(cluster_factory: Factory) -> None:
     c = cluster_factory()
-    c.flags.set("consistent_hashing", False)
     owner = c.serve(group_request(7, "seed"))
-    c.report(owner, kv_usage=0.97, running=0)
-    assert c.router.route(group_request(7, "q")).reason == "load_guard_spill"
-    c.report(owner, kv_usage=0.1)
-    c.clock.advance(20)  # the smoothing window forgets the full-KV sample
-    c.report_all()
+    backlog(c, owner, 3000, "bulk")
+    assert c.router.route(group_request(7, "q")).reason == "cost_spill"
+    c.clock.advance(0.2)  # 3000 tokens drain in ≈ 0.1 s at the default rate
+    assert c.router.route(group_request(7, "q")).reason == "prefix_match"
+    backlog(c, owner, 30000, "huge")  # ≈ 1 s of prefill queued
+    assert c.router.route(group_request(7, "q")).reason == "cost_spill"
+    # a report taken while that dispatch may still be in transit proves nothing ...
+    c.report(owner, waiting=0, running=1)
+    assert c.router.route(group_request(7, "q")).reason == "cost_spill"
+    # ... the next one, with nothing waiting and nothing dispatched since, does
+    c.report(owner, waiting=0, running=1)
     assert c.router.route(group_request(7, "q")).reason == "prefix_match"
 
 
@@ -375,16 +401,17 @@ def test_ties_break_by_load_then_at_random(cluster_factory: Factory) -> None:
     c = cluster_factory()
     c.report("n0", running=1)
     c.router.route(group_request(1, "probe"))  # builds nothing persistent
-    from kvgate.routing.policies.filters import eligible_nodes
+    from kvgate.routing.filters import eligible_nodes
 
     eligible, loads, _ = eligible_nodes(c.nodes, group_request(1, "x"), c.config, c.clock.now())
     ctx = RoutingContext(
         config=c.config,
         flags=c.flags,
         nodes=c.nodes,
-        index=c.router.index,
+        cache=c.router.index,
         ring=c.router.ring,
         feedback=c.router.feedback,
+        queue=c.router.queue,
         rng=c.router.rng,
         now=c.clock.now(),
         eligible=eligible,

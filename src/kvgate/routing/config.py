@@ -4,16 +4,6 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-BUILTIN_POLICIES = (
-    "hybrid",
-    "cache_aware",
-    "consistent_hash",
-    "least_load",
-    "least_request",
-    "round_robin",
-    "random",
-)
-
 
 class RouteKeyConfig(BaseModel):
     """What goes into the route key. User, session and API key never do."""
@@ -43,22 +33,29 @@ class RoutingConfig(BaseModel):
     route_key: RouteKeyConfig = Field(default_factory=RouteKeyConfig)
     route_key_cache_size: int = Field(default=4096, ge=1)
     # consistent hashing with bounded loads
-    home_set_size: int = Field(default=2, ge=1)
+    home_set_size: int = Field(default=1, ge=1)
     virtual_nodes: int = Field(default=100, ge=1)
     bounded_load_factor: float = Field(default=1.25, gt=1.0)
     # load score: requests + waiting_weight*waiting + tokens/tokens_per_load_unit + kv_weight*kv
     waiting_weight: float = Field(default=2.0, ge=0)
     tokens_per_load_unit: float = Field(default=4096.0, gt=0)
     kv_usage_weight: float = Field(default=4.0, ge=0)
-    # per-request load guard: an affinity candidate is dropped when its load exceeds
-    # load_guard_ratio × (least eligible load) + load_guard_slack, or its KV / queue is full
-    load_guard_ratio: float = Field(default=1.5, ge=1.0)
-    load_guard_slack: float = Field(default=2.0, ge=0)
-    load_guard_max_kv_usage: float = Field(default=0.95, gt=0, le=1.0)
-    load_guard_max_waiting: float = Field(default=8.0, ge=0)
-    # hybrid scoring weights
-    prefix_weight: float = Field(default=2.0, ge=0)
-    load_weight: float = Field(default=1.0, ge=0)
+    # spill by cost: a node's prefill rate (prompt tokens/s it computes when busy) and the
+    # duration of one engine step; defaults are Llama-3.1-8B on one H100 (the engine
+    # profile llama3-8b-h100). Queueing delay and re-prefill cost are both in seconds.
+    prefill_tokens_per_s: float = Field(default=30_800.0, gt=0)
+    prefill_step_s: float = Field(default=0.008, ge=0)
+    # a spill must save at least this much predicted TTFT (seconds): keeps affinity
+    # through noise in the queue estimate
+    spill_margin_s: float = Field(default=0.0, ge=0)
+    # a spill's re-prefill is paid twice: by this request (its TTFT) and by every request
+    # queued behind it on the new node (the added work); 2 counts both, 1 only the former
+    cache_weight: float = Field(default=2.0, ge=0)
+    # balance: each unit of load score costs load_weight × prefill_step_s of predicted
+    # TTFT (decode batches slow every step): a tiny prefix match does not pile new
+    # conversations onto one node, a long one still wins
+    load_weight: float = Field(default=0.05, ge=0)
+    # cold boost: a node at boost 1 is scored as if this fraction of the prompt were cached
     cold_boost_weight: float = Field(default=0.5, ge=0)
     # node view
     freshness_s: float = Field(default=15.0, gt=0)
@@ -69,7 +66,8 @@ class RoutingConfig(BaseModel):
     # hit feedback
     feedback_shortfall_fraction: float = Field(default=0.5, gt=0, le=1.0)
     feedback_demote_after: int = Field(default=3, ge=1)
-    feedback_demote_on_full_miss: bool = True
+    # one full miss is an eviction the request itself just repaired: demote only on a run
+    feedback_demote_on_full_miss: bool = False
     feedback_ewma_alpha: float = Field(default=0.2, gt=0, le=1.0)
     feedback_max_entries: int = Field(default=100_000, ge=1)
     # proxy

@@ -81,6 +81,8 @@ class NodeView:
         self._on_reregister: list[Callable[[str], None]] = []
         self._on_remove: list[Callable[[str], None]] = []
         self._on_add: list[Callable[[str], None]] = []
+        # (node id, report, requests dispatched since the previous report)
+        self._on_report: list[Callable[[str, NodeReport, int], None]] = []
         self._newest_registration = float("-inf")
 
     # -- listeners ---------------------------------------------------------------------
@@ -90,7 +92,10 @@ class NodeView:
         on_add: Callable[[str], None] | None = None,
         on_remove: Callable[[str], None] | None = None,
         on_reregister: Callable[[str], None] | None = None,
+        on_report: Callable[[str, NodeReport, int], None] | None = None,
     ) -> None:
+        if on_report:
+            self._on_report.append(on_report)
         if on_add:
             self._on_add.append(on_add)
         if on_remove:
@@ -181,12 +186,15 @@ class NodeView:
         elif entry.base_state == NodeState.REREGISTER and not report.stale:
             entry.base_state, entry.state_source = NodeState.HEALTHY, "auto"
         entry.report = entry.window.add(report)
+        dispatched_since = len(entry.unreported)
         if not report.stale:
             entry.last_report_at = now
             entry.unreachable_since = None
             entry.unreported.clear()
             self._apply_hint(entry, report.state_hint)
         self._recompute_load(entry)
+        for cb in self._on_report:
+            cb(entry.spec.node_id, report, dispatched_since)
         return entry
 
     def _apply_hint(self, entry: NodeEntry, hint: NodeState | None) -> None:

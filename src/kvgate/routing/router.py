@@ -16,15 +16,18 @@ from prometheus_client.core import GaugeMetricFamily
 
 from kvgate.clock import Clock
 from kvgate.flags import Flags
+from kvgate.routing.cache_signal import CacheSignal
 from kvgate.routing.config import RoutingConfig
 from kvgate.routing.consistent_hash import HashRing
 from kvgate.routing.feedback import HitFeedback
+from kvgate.routing.filters import eligible_nodes
+from kvgate.routing.hooks import ResponseHooks
 from kvgate.routing.metrics import RoutingMetrics, state_family
 from kvgate.routing.node_view import NodeView
 from kvgate.routing.policies import Policy, RoutingContext, create_policy
-from kvgate.routing.policies.filters import eligible_nodes
+from kvgate.routing.prefill_queue import PrefillModel, PrefillQueue
 from kvgate.routing.prefix_index import PrefixIndex
-from kvgate.types import NoNodeAvailable, RouteDecision, RouteRequest
+from kvgate.types import NodeReport, NoNodeAvailable, RouteDecision, RouteRequest
 
 
 class Router:
@@ -37,7 +40,10 @@ class Router:
         clock: Clock,
         registry: CollectorRegistry | None = None,
         rng: random.Random | None = None,
+        cache_signal: CacheSignal | None = None,
     ) -> None:
+        """``cache_signal``: where "which node holds this prefix" comes from; default the
+        router's own approximate index (a precise, KV-event-fed index plugs in here)."""
         self.config = config
         self.nodes = nodes
         self.flags = flags if flags is not None else Flags()
@@ -45,6 +51,8 @@ class Router:
         self.rng = rng if rng is not None else random.Random()
         self.metrics = RoutingMetrics(registry)
         self.index = PrefixIndex(config.index_ttl_s, config.index_max_entries)
+        self.cache_signal: CacheSignal = cache_signal if cache_signal is not None else self.index
+        self.queue = PrefillQueue(PrefillModel(config.prefill_tokens_per_s, config.prefill_step_s))
         self.ring = HashRing(
             nodes.node_ids,
             virtual_nodes=config.virtual_nodes,
@@ -60,11 +68,12 @@ class Router:
         )
         self.policy: Policy = create_policy(config.policy)
         self.decision_counts: Counter[tuple[str, str]] = Counter()
-        self._evictions_seen = 0
+        self.hooks = ResponseHooks(self.index, self.feedback, self.queue, self.metrics, self.flags)
         nodes.subscribe(
             on_add=self.ring.add_node,
             on_remove=self._node_removed,
             on_reregister=self._node_reregistered,
+            on_report=self._node_reported,
         )
         self.metrics.add_live_collector(self._live_metrics)
 
@@ -88,9 +97,10 @@ class Router:
             config=self.config,
             flags=self.flags,
             nodes=self.nodes,
-            index=self.index,
+            cache=self.cache_signal,
             ring=self.ring,
             feedback=self.feedback,
+            queue=self.queue,
             rng=self.rng,
             now=now,
             eligible=eligible,
@@ -103,11 +113,15 @@ class Router:
 
     def on_dispatch(self, req: RouteRequest, decision: RouteDecision) -> None:
         self.nodes.on_dispatch(decision.node_id, req.request_id, req.prompt_tokens)
+        if decision.node_id in self.nodes:
+            self.hooks.on_dispatch(req, decision, self.clock.now())
 
     def on_progress(
         self, req: RouteRequest, decision: RouteDecision, generated_tokens: int
     ) -> None:
         self.nodes.on_progress(decision.node_id, req.request_id, generated_tokens)
+        if generated_tokens > 0:
+            self.hooks.on_progress(req, decision, self.clock.now())
 
     def on_complete(
         self,
@@ -118,50 +132,30 @@ class Router:
         actual_cached_tokens: int | None,
         output_tokens: int = 0,
     ) -> None:
-        node_id = decision.node_id
-        self.nodes.on_complete(node_id, req.request_id)
-        if not ok or node_id not in self.nodes:
+        self.nodes.on_complete(decision.node_id, req.request_id)
+        if decision.node_id not in self.nodes:
             return
-        now = self.clock.now()
-        if actual_cached_tokens is not None:
-            self.metrics.expected_cached.labels(node_id).inc(decision.expected_cached_tokens)
-            self.metrics.actual_cached.labels(node_id).inc(actual_cached_tokens)
-            if decision.expected_cached_tokens > 0:
-                self.metrics.hit_ratio.labels(node_id).observe(
-                    actual_cached_tokens / decision.expected_cached_tokens
-                )
-        change = self.feedback.record(
-            node_id,
-            req.route_key,
-            expected_cached_tokens=decision.expected_cached_tokens,
-            actual_cached_tokens=actual_cached_tokens,
-            prompt_tokens=req.prompt_tokens,
-            demotion_enabled=self.flags["hit_feedback"],
+        self.hooks.on_complete(
+            req, decision, ok=ok, actual_cached_tokens=actual_cached_tokens, now=self.clock.now()
         )
-        if change == "demoted":
-            self.metrics.demotions.labels(node_id).inc()
-            # The node does not hold what the index says: forget it, except what this
-            # request just put there (recorded below).
-            self.index.drop(node_id, req.block_hashes)
-        elif change == "restored":
-            self.metrics.restorations.labels(node_id).inc()
-        if change != "demoted":
-            self.index.record(node_id, req.block_hashes, now)
-        evictions = self.index.evictions
-        if evictions > self._evictions_seen:
-            self.metrics.evictions.inc(evictions - self._evictions_seen)
-            self._evictions_seen = evictions
 
     # -- node events -------------------------------------------------------------------
     def _node_removed(self, node_id: str) -> None:
         self.ring.remove_node(node_id)
         self.index.purge_node(node_id)
         self.feedback.forget_node(node_id)
+        self.queue.forget(node_id)
 
     def _node_reregistered(self, node_id: str) -> None:
         self.index.purge_node(node_id)
         self.feedback.forget_node(node_id)
+        self.queue.forget(node_id)
         self.metrics.reregistrations.labels(node_id).inc()
+
+    def _node_reported(self, node_id: str, report: NodeReport, dispatched_since: int) -> None:
+        if not report.stale:
+            idle = report.waiting <= 0 and dispatched_since == 0
+            self.queue.on_report(node_id, self.clock.now(), idle=idle)
 
     # -- observability -----------------------------------------------------------------
     def _boost(self, node_id: str) -> float:

@@ -11,7 +11,8 @@ from typing import Any
 
 from kvgate.sim.cluster import SimConfig, SimResult, run_comparison
 from kvgate.sim.events import parse_event
-from kvgate.workloads import WORKLOAD_NAMES, generate_workload
+from kvgate.workloads import WORKLOAD_NAMES
+from kvgate.workloads.catalog import LOADS, generate_at_load
 
 SUMMARY_KEYS_PRINTED = ("requests", "completed", "lost", "cache_hit_rate", "ttft_p50_s")
 
@@ -22,6 +23,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policies", default="round_robin,hybrid", help="comma-separated")
     parser.add_argument("--requests", type=int, default=None)
     parser.add_argument("--rate", type=float, default=None, help="arrivals per second")
+    parser.add_argument(
+        "--load",
+        choices=LOADS,
+        default="normal",
+        help="high: the routing workloads' saturated variant (round_robin's prefill near "
+        "capacity; rate and request count from workloads/catalog.py HIGH_LOAD); "
+        "--requests/--rate still override",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", default="llama3-8b-h100")
     parser.add_argument("--kv-blocks", type=int, default=None, help="KV blocks per node")
@@ -54,8 +63,8 @@ def build(args: argparse.Namespace) -> tuple[Any, SimConfig, list[str]]:
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not policies:
         raise ValueError("--policies: name at least one policy")
-    workload = generate_workload(
-        args.workload, seed=args.seed, requests=args.requests, rate=args.rate
+    workload = generate_at_load(
+        args.workload, args.load, seed=args.seed, requests=args.requests, rate=args.rate
     )
     config = SimConfig(
         nodes=args.nodes,
@@ -94,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
     meta = {
         "workload": args.workload,
+        "load": args.load,
         "nodes": args.nodes,
         "profile": args.profile,
         "seed": args.seed,

@@ -50,7 +50,8 @@ def _shared_prefix(rng: random.Random, p: dict[str, Any]) -> tuple[list[WorkItem
         )
         for k, (g, _i) in enumerate(pairs[:n])
     ]
-    return items, {}
+    kv = p.get("cluster_kv_tokens")
+    return items, ({"cluster_kv_tokens": int(kv)} if kv else {})
 
 
 def _tenant_prefix(rng: random.Random, p: dict[str, Any]) -> tuple[list[WorkItem], dict[str, Any]]:
@@ -226,6 +227,7 @@ WORKLOADS: dict[str, tuple[Generator, dict[str, Any], str]] = {
             "output_len": 256,
             "rate": 16.0,
             "requests": None,
+            "cluster_kv_tokens": None,  # None: the profile's KV per node
         },
         "groups x prompts sharing a long system prompt (SGLang generated-shared-prefix shape)",
     ),
@@ -344,3 +346,48 @@ def generate_workload(
     tenants = extra.pop("tenants", {})
     p.update(extra)
     return Workload(name=name, seed=seed, params=p, items=items, tenants=tenants)
+
+
+# The high-load variant of each routing workload: parameters (arrival rate, and enough
+# requests for the queue to build) at which round_robin keeps the cluster's prefill at
+# ≥ 90% of its capacity (8 nodes, llama3-8b-h100); docs/benchmarks.md "Saturated
+# workloads" shows how they were found.
+HIGH_LOAD: dict[str, dict[str, Any]] = {
+    # 512 groups: round_robin cannot keep every system prompt on every node
+    "shared-prefix": {"rate": 160.0, "requests": 3000, "groups": 512, "prompts_per_group": 8},
+    "tenant-prefix": {"rate": 36.0, "requests": 3000},
+    "multi-turn": {"rate": 800.0, "requests": 6000, "think_s": 1.0},
+    "tool-agent": {"rate": 600.0, "requests": 3000},
+    "hot-prefix": {"rate": 700.0, "requests": 3000},
+}
+LOADS = ("normal", "high")
+
+
+def load_params(name: str, load: str) -> dict[str, Any]:
+    """Workload parameter overrides of a named load level ({} for normal)."""
+    if load not in LOADS:
+        raise ValueError(f"load must be one of {', '.join(LOADS)}; got {load!r}")
+    if load == "normal":
+        return {}
+    try:
+        return dict(HIGH_LOAD[name])
+    except KeyError:
+        known = ", ".join(sorted(HIGH_LOAD))
+        raise ValueError(f"workload {name!r} has no high-load variant; known: {known}") from None
+
+
+def generate_at_load(
+    name: str,
+    load: str = "normal",
+    *,
+    seed: int = 0,
+    requests: int | None = None,
+    rate: float | None = None,
+) -> Workload:
+    """A named workload at a named load level; explicit ``requests``/``rate`` win."""
+    params = load_params(name, load)
+    requests = requests if requests is not None else params.pop("requests", None)
+    rate = rate if rate is not None else params.pop("rate", None)
+    params.pop("requests", None)
+    params.pop("rate", None)
+    return generate_workload(name, seed=seed, requests=requests, rate=rate, **params)

@@ -1,10 +1,13 @@
-"""The policy interface (llm-d shape): filters → weighted scorers → picker.
+"""The policy interface (llm-d shape): filters → weighted scorers → picker → feedback.
 
 A policy is any object with a ``name`` and ``choose(req, ctx) -> RouteDecision``. The
 ``RoutingContext`` hands it everything it may read for one decision — the eligible nodes
-(already filtered by state, freshness, pool, backoff size and the caller's exclusions),
-their load scores, prefix-index matches (honouring flags and demotions), the route key's
-consistent-hash home set and cold boosts — so a policy is a few lines of scoring.
+(already passed through the configured filters, ``filters.py``), their load scores, the
+cache signal's matches (honouring flags and demotions), each node's predicted prefill
+queueing delay, the route key's consistent-hash home node and cold boosts — so a policy
+is a choice of weighted scorers (``scorers.py``) and a picker (``picker.py``). What
+happens after the response (index, hit feedback, prefill queue) is the router's
+post-response hooks (``routing/hooks.py``).
 
 Adding a policy (e.g. the simulator's reference ``oracle``)::
 
@@ -30,11 +33,12 @@ from kvgate.tokens import BLOCK_SIZE
 from kvgate.types import RouteDecision, RouteRequest
 
 if TYPE_CHECKING:
+    from kvgate.routing.cache_signal import CacheSignal
     from kvgate.routing.config import RoutingConfig
     from kvgate.routing.consistent_hash import HashRing
     from kvgate.routing.feedback import HitFeedback
     from kvgate.routing.node_view import NodeEntry, NodeView
-    from kvgate.routing.prefix_index import PrefixIndex
+    from kvgate.routing.prefill_queue import PrefillModel, PrefillQueue
 
 
 class Policy(Protocol):
@@ -76,15 +80,17 @@ class RoutingContext:
 
     __slots__ = (
         "_boosts",
+        "_delays",
         "_matches",
+        "cache",
         "config",
         "eligible",
         "feedback",
         "flags",
-        "index",
         "loads",
         "nodes",
         "now",
+        "queue",
         "ring",
         "rng",
     )
@@ -95,9 +101,10 @@ class RoutingContext:
         config: RoutingConfig,
         flags: Flags,
         nodes: NodeView,
-        index: PrefixIndex,
+        cache: CacheSignal,
         ring: HashRing,
         feedback: HitFeedback,
+        queue: PrefillQueue,
         rng: random.Random,
         now: float,
         eligible: list[NodeEntry],
@@ -106,19 +113,25 @@ class RoutingContext:
         self.config = config
         self.flags = flags
         self.nodes = nodes
-        self.index = index
+        self.cache = cache
         self.ring = ring
         self.feedback = feedback
+        self.queue = queue
         self.rng = rng
         self.now = now
         self.eligible = eligible
         self.loads = loads if loads is not None else {e.spec.node_id: e.load for e in eligible}
         self._matches: dict[str, int] | None = None
         self._boosts: dict[str, float] | None = None
+        self._delays: dict[str, float] | None = None
 
     @property
     def node_ids(self) -> list[str]:
         return list(self.loads)
+
+    @property
+    def prefill(self) -> PrefillModel:
+        return self.queue.model
 
     def prefix_matches(self, req: RouteRequest) -> dict[str, int]:
         """Eligible node → expected cached tokens (> 0 only); empty when affinity is off."""
@@ -126,7 +139,7 @@ class RoutingContext:
             return self._matches
         matches: dict[str, int] = {}
         if self.flags["cache_affinity"] and req.block_hashes:
-            blocks = self.index.match(req.block_hashes, self.now, self.loads)
+            blocks = self.cache.match(req.block_hashes, self.now, self.loads)
             demotion = self.flags["hit_feedback"]
             for node_id, n in blocks.items():
                 tokens = expected_tokens(n, req.prompt_tokens)
@@ -139,11 +152,17 @@ class RoutingContext:
         return matches
 
     def expected_cached(self, req: RouteRequest, node_id: str) -> int:
-        """Cached tokens the index predicts on one node, whatever the flags (for feedback)."""
+        """Cached tokens the cache signal predicts on one node, whatever the flags."""
         if not req.block_hashes:
             return 0
-        n = self.index.match(req.block_hashes, self.now, (node_id,)).get(node_id, 0)
+        n = self.cache.match(req.block_hashes, self.now, (node_id,)).get(node_id, 0)
         return expected_tokens(n, req.prompt_tokens)
+
+    def queue_delays(self) -> dict[str, float]:
+        """Predicted prefill queueing delay (seconds) per eligible node."""
+        if self._delays is None:
+            self._delays = self.queue.delays(list(self.loads), self.now)
+        return self._delays
 
     def home_set(self, req: RouteRequest, k: int | None = None) -> list[str]:
         """The route key's bounded-load home set among eligible nodes; [] when hashing is off."""
@@ -163,20 +182,6 @@ class RoutingContext:
 
     def boost(self, node_id: str) -> float:
         return self.boosts().get(node_id, 0.0)
-
-    def overloaded(self, node_id: str, least_load: float) -> bool:
-        """The per-request load guard: may affinity send this request to ``node_id``?"""
-        cfg = self.config
-        load = self.loads[node_id]
-        if load > cfg.load_guard_ratio * least_load + cfg.load_guard_slack:
-            return True
-        entry = self.nodes.get(node_id)
-        report = entry.report if entry is not None else None
-        if report is None:
-            return False
-        return report.kv_usage >= cfg.load_guard_max_kv_usage or (
-            report.waiting > cfg.load_guard_max_waiting
-        )
 
     def pick(self, scores: dict[str, float]) -> str:
         """Highest score; ties broken by lower load, then at random (injected rng)."""

@@ -1,0 +1,94 @@
+"""Post-dispatch and post-response hooks: what the router learns from each request.
+
+At dispatch, the prefix index records the request's blocks on the chosen node (the
+engine is about to compute them; a request for the same prefix arriving while this one
+is in flight must find them — recording only at completion scattered a new prefix over
+several nodes) and the node's prefill queue grows by the request's uncached tokens.
+After the response, hit feedback compares the expected with the engine's actual cached
+tokens (metrics and (node, prefix) demotion), and the index is refreshed — or, for a
+failed attempt, forgets the blocks this attempt would have added.
+"""
+
+from __future__ import annotations
+
+from kvgate.flags import Flags
+from kvgate.routing.feedback import HitFeedback
+from kvgate.routing.metrics import RoutingMetrics
+from kvgate.routing.prefill_queue import PrefillQueue
+from kvgate.routing.prefix_index import PrefixIndex
+from kvgate.tokens import BLOCK_SIZE
+from kvgate.types import RouteDecision, RouteRequest
+
+
+class ResponseHooks:
+    def __init__(
+        self,
+        index: PrefixIndex,
+        feedback: HitFeedback,
+        queue: PrefillQueue,
+        metrics: RoutingMetrics,
+        flags: Flags,
+    ) -> None:
+        self.index = index
+        self.feedback = feedback
+        self.queue = queue
+        self.metrics = metrics
+        self.flags = flags
+        self._evictions_seen = 0
+
+    def on_dispatch(self, req: RouteRequest, decision: RouteDecision, now: float) -> None:
+        uncached = req.prompt_tokens - decision.expected_cached_tokens
+        self.queue.on_dispatch(decision.node_id, req.request_id, uncached, now)
+        self.index.record(decision.node_id, req.block_hashes, now)
+        self._count_evictions()
+
+    def on_progress(self, req: RouteRequest, decision: RouteDecision, now: float) -> None:
+        self.queue.on_prefilled(decision.node_id, req.request_id, now)
+
+    def on_complete(
+        self,
+        req: RouteRequest,
+        decision: RouteDecision,
+        *,
+        ok: bool,
+        actual_cached_tokens: int | None,
+        now: float,
+    ) -> None:
+        node_id = decision.node_id
+        self.queue.on_prefilled(node_id, req.request_id, now)
+        if not ok:
+            # the attempt computed nothing: forget the blocks it would have added
+            known = decision.expected_cached_tokens // BLOCK_SIZE
+            self.index.drop(node_id, req.block_hashes[known:])
+            return
+        metrics = self.metrics
+        if actual_cached_tokens is not None:
+            metrics.expected_cached.labels(node_id).inc(decision.expected_cached_tokens)
+            metrics.actual_cached.labels(node_id).inc(actual_cached_tokens)
+            if decision.expected_cached_tokens > 0:
+                metrics.hit_ratio.labels(node_id).observe(
+                    actual_cached_tokens / decision.expected_cached_tokens
+                )
+        change = self.feedback.record(
+            node_id,
+            req.route_key,
+            expected_cached_tokens=decision.expected_cached_tokens,
+            actual_cached_tokens=actual_cached_tokens,
+            prompt_tokens=req.prompt_tokens,
+            demotion_enabled=self.flags["hit_feedback"],
+        )
+        if change == "demoted":
+            metrics.demotions.labels(node_id).inc()
+            # The node keeps losing what the index says it holds: forget it there.
+            self.index.drop(node_id, req.block_hashes)
+        else:
+            if change == "restored":
+                metrics.restorations.labels(node_id).inc()
+            self.index.record(node_id, req.block_hashes, now)
+        self._count_evictions()
+
+    def _count_evictions(self) -> None:
+        evictions = self.index.evictions
+        if evictions > self._evictions_seen:
+            self.metrics.evictions.inc(evictions - self._evictions_seen)
+            self._evictions_seen = evictions

@@ -1,0 +1,94 @@
+"""Predicted prefill backlog per node, in seconds: what a new request would wait for.
+
+TTFT is driven by the prompt tokens a node still has to compute ahead of a new request,
+not by how many requests are decoding there. The gateway knows what it dispatched: each
+dispatch adds its *uncached* prompt tokens (prompt − expected cached) to the node's
+queue, which drains at the node's prefill rate (engines prefill first come, first
+served, in chunks). So the queue is a "busy until" time per node:
+
+    busy_until = max(busy_until, now) + uncached / prefill_rate + step_s
+
+and the expected queueing delay of a request arriving now is ``busy_until − now``.
+Observations re-anchor it: when a request is seen past its prefill (its first tokens
+or its completion), everything dispatched to the node before it is past prefill too
+(engines prefill first come, first served), so the queue shrinks by however much
+earlier than predicted that happened; a fresh report with nothing waiting and no
+dispatch since means the backlog cannot exceed one step. This is the gateway ledger's view of work
+dispatched but not yet reported, in time units a spill decision can compare with the
+cost of re-prefilling a prefix elsewhere.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillModel:
+    """How fast a node turns prompt tokens into KV: a rate and a per-step cost."""
+
+    tokens_per_s: float
+    step_s: float  # one engine step with the decode batch riding along
+
+    def prefill_s(self, uncached_tokens: int) -> float:
+        return self.step_s + max(0, uncached_tokens) / self.tokens_per_s
+
+
+class PrefillQueue:
+    def __init__(self, model: PrefillModel, traffic_window_s: float = 60.0) -> None:
+        self.model = model
+        self.traffic_window_s = traffic_window_s
+        self._busy_until: dict[str, float] = {}
+        # per node, dispatched requests not yet seen past prefill → predicted prefill end
+        self._pending: dict[str, OrderedDict[str, float]] = {}
+        # requests dispatched recently, exponentially decayed: (value, as of time)
+        self._traffic: dict[str, tuple[float, float]] = {}
+
+    def traffic(self, node_id: str, now: float) -> float:
+        """Requests dispatched to the node over roughly the last ``traffic_window_s``."""
+        value, at = self._traffic.get(node_id, (0.0, now))
+        return value * math.exp(-(now - at) / self.traffic_window_s)
+
+    def delay(self, node_id: str, now: float) -> float:
+        """Seconds a request dispatched now would wait before its own prefill starts."""
+        return max(0.0, self._busy_until.get(node_id, now) - now)
+
+    def delays(self, node_ids: list[str], now: float) -> dict[str, float]:
+        busy = self._busy_until
+        return {n: max(0.0, busy.get(n, now) - now) for n in node_ids}
+
+    def on_dispatch(self, node_id: str, request_id: str, uncached_tokens: int, now: float) -> None:
+        start = max(self._busy_until.get(node_id, now), now)
+        end = self._busy_until[node_id] = start + self.model.prefill_s(uncached_tokens)
+        pending = self._pending.setdefault(node_id, OrderedDict())
+        pending.pop(request_id, None)
+        pending[request_id] = end
+        self._traffic[node_id] = (self.traffic(node_id, now) + 1.0, now)
+
+    def on_prefilled(self, node_id: str, request_id: str, now: float) -> None:
+        """The request is past its prefill (first tokens seen, or it finished or failed)."""
+        pending = self._pending.get(node_id)
+        if not pending or request_id not in pending:
+            return
+        predicted = pending[request_id]
+        while pending:
+            rid, _ = pending.popitem(last=False)
+            if rid == request_id:
+                break
+        early = min(0.0, now - predicted)  # observations can be late, never early
+        busy = self._busy_until.get(node_id, now) + early
+        self._busy_until[node_id] = max(now, busy) if pending else min(busy, now)
+
+    def on_report(self, node_id: str, now: float, *, idle: bool) -> None:
+        """A fresh report; ``idle``: nothing waiting and nothing dispatched since."""
+        if idle:
+            self._busy_until[node_id] = min(
+                self._busy_until.get(node_id, now), now + self.model.step_s
+            )
+
+    def forget(self, node_id: str) -> None:
+        self._busy_until.pop(node_id, None)
+        self._pending.pop(node_id, None)
+        self._traffic.pop(node_id, None)

@@ -238,6 +238,31 @@ class EngineCore:
         finished = False
         token_events = self.token_events
         generated = 0
+        if steps > 1:
+            # A decode run: every request of the plan decoded one token per step.
+            for seq, _ in st.plan.scheduled:
+                if seq.done:
+                    continue  # aborted
+                seq.num_computed += steps
+                if seq.num_hashed_blocks < len(seq.req.block_hashes):
+                    seq.num_hashed_blocks = kv.cache_full_blocks(
+                        seq.request_id,
+                        seq.req.block_hashes,
+                        seq.num_computed,
+                        seq.num_hashed_blocks,
+                    )
+                seq.num_output += steps
+                seq.num_tokens += steps
+                generated += steps
+                if token_events:
+                    events.append(EngineEvent(EventKind.TOKENS, seq.request_id, t_end, count=steps))
+                if seq.num_output >= seq.output_limit:
+                    self._finish(seq, t_end, events)
+                    finished = True
+            counters.generation_tokens += generated
+            if finished:
+                sched.running = [s for s in sched.running if not s.done]
+            return
         for seq, new in st.plan.scheduled:
             if seq.done:
                 continue  # aborted
@@ -306,17 +331,30 @@ class EngineCore:
         """Allocate the blocks of steps 2..steps in the order single steps would."""
         bs = self.profile.block_size
         kv = self.scheduler.kv
+        tables = kv.tables
         needs: list[tuple[int, int, Sequence]] = []
+        one_each = True  # every need is one new block (the table ends where step j starts)
         for idx, (seq, _) in enumerate(st.plan.scheduled):
             if seq.done:
                 continue
             c = seq.num_computed
             # Step j computes token c+j-1 and needs a new block when it starts one.
             j = 2 + (-(c + 1)) % bs
+            if j <= steps and len(tables[seq.request_id]) * bs != c + j - 1:
+                one_each = False
             while j <= steps:
                 needs.append((j, idx, seq))
                 j += bs
-        needs.sort(key=lambda n: (n[0], n[1]))
+        if not needs:
+            return
+        needs.sort()  # by step, then batch position ((j, idx) pairs are unique)
+        pool = kv.pool
+        if one_each and len(needs) <= pool.num_free:
+            # One pool allocation hands out the same blocks, in the same order, as the
+            # step-by-step allocations below.
+            for (_, _, seq), block in zip(needs, pool.allocate(len(needs)), strict=True):
+                tables[seq.request_id].append(block)
+            return
         for j, _, seq in needs:
             kv.allocate(seq.request_id, seq.num_computed + j)
 

@@ -23,23 +23,33 @@ class BlockPool:
         self.ref_cnt = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
         self.cached: dict[int, int] = {}  # block hash -> block id
-        # Free blocks in eviction order (front = next to be reused). Values unused.
-        self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        # The free queue in eviction order is three runs, taken front to back:
+        # ``_spare``, free blocks holding no cached content, a stack (the last is next);
+        # ``_fresh`` .. num_blocks - 1, blocks never handed out (so none is built at start);
+        # ``free_queue``, blocks freed while holding cached content, oldest first.
+        # Only ``free_queue`` can hold cached blocks, so only it is evicted from.
+        self._spare: list[int] = []
+        self._fresh = 0
+        self.free_queue: OrderedDict[int, None] = OrderedDict()  # values unused
         self.evictions = 0
 
     @property
     def num_free(self) -> int:
-        return len(self.free_queue)
+        return len(self._spare) + self.num_blocks - self._fresh + len(self.free_queue)
 
     def usage(self) -> float:
-        return 1.0 - len(self.free_queue) / self.num_blocks
+        return 1.0 - self.num_free / self.num_blocks
+
+    def eviction_order(self) -> list[int]:
+        """Every free block, next to be reused first."""
+        return [*reversed(self._spare), *range(self._fresh, self.num_blocks), *self.free_queue]
 
     def lookup(self, hashes: Sequence[int]) -> list[int]:
         """Block ids of the longest cached run of leading hashes (no side effects)."""
         out: list[int] = []
-        cached = self.cached
+        get = self.cached.get
         for h in hashes:
-            block = cached.get(h)
+            block = get(h)
             if block is None:
                 break
             out.append(block)
@@ -47,16 +57,43 @@ class BlockPool:
 
     def touch(self, blocks: Sequence[int]) -> None:
         """Take a reference on cached blocks (removing free ones from the free queue)."""
+        ref_cnt = self.ref_cnt
+        free_queue = self.free_queue
         for b in blocks:
-            if self.ref_cnt[b] == 0:
-                del self.free_queue[b]
-            self.ref_cnt[b] += 1
+            if ref_cnt[b] == 0:
+                if b in free_queue:
+                    del free_queue[b]
+                else:
+                    self._take_uncached(b)
+            ref_cnt[b] += 1
+
+    def _take_uncached(self, b: int) -> None:
+        """Remove a free block that holds no cached content (not a path the engine takes)."""
+        if self._fresh < self.num_blocks:
+            # Put the never-used run under the spare stack: the same order, one run.
+            self._spare[:0] = range(self.num_blocks - 1, self._fresh - 1, -1)
+            self._fresh = self.num_blocks
+        self._spare.remove(b)
 
     def allocate(self, n: int) -> list[int]:
-        """Pop ``n`` blocks from the front of the free queue, evicting their hashes."""
-        if n > len(self.free_queue):
+        """Take ``n`` blocks from the front of the free queue, evicting their hashes."""
+        if n > self.num_free:
             raise RuntimeError("not enough free blocks")
         out: list[int] = []
+        ref_cnt = self.ref_cnt
+        spare = self._spare
+        while spare and n:
+            b = spare.pop()
+            ref_cnt[b] = 1
+            out.append(b)
+            n -= 1
+        if n and self._fresh < self.num_blocks:
+            first = self._fresh
+            last = min(first + n, self.num_blocks)
+            out.extend(range(first, last))
+            ref_cnt[first:last] = [1] * (last - first)
+            self._fresh = last
+            n -= last - first
         for _ in range(n):
             b, _unused = self.free_queue.popitem(last=False)
             h = self.block_hash[b]
@@ -65,7 +102,7 @@ class BlockPool:
                 if self.cached.get(h) == b:
                     del self.cached[h]
                 self.evictions += 1
-            self.ref_cnt[b] = 1
+            ref_cnt[b] = 1
             out.append(b)
         return out
 
@@ -87,12 +124,18 @@ class BlockPool:
         its first ones (the shared prefix stays longest). Blocks holding no cached
         content go to the front: reusing them costs no cache.
         """
+        ref_cnt = self.ref_cnt
+        block_hash = self.block_hash
+        free_queue = self.free_queue
+        spare = self._spare
         for b in reversed(blocks):
-            self.ref_cnt[b] -= 1
-            if self.ref_cnt[b] == 0:
-                self.free_queue[b] = None
-                if self.block_hash[b] is None:
-                    self.free_queue.move_to_end(b, last=False)
+            left = ref_cnt[b] - 1
+            ref_cnt[b] = left
+            if left == 0:
+                if block_hash[b] is None:
+                    spare.append(b)
+                else:
+                    free_queue[b] = None
 
     def reset_prefix_cache(self) -> int:
         """Forget the hashes of all free cached blocks; returns how many were dropped."""
@@ -134,7 +177,7 @@ class KVCacheManager:
         table = self.tables.get(request_id, ())
         need = blocks_for(total_tokens, self.block_size) - len(table) - len(new_cached)
         # Cached blocks that are free now leave the free queue when touched.
-        free_cached = sum(1 for b in new_cached if self.pool.ref_cnt[b] == 0)
+        free_cached = list(map(self.pool.ref_cnt.__getitem__, new_cached)).count(0)
         return need <= self.pool.num_free - free_cached
 
     def allocate(self, request_id: str, total_tokens: int, new_cached: Sequence[int] = ()) -> bool:
@@ -145,14 +188,16 @@ class KVCacheManager:
         pool = self.pool
         need = -(-total_tokens // self.block_size) - len(table) - len(new_cached)
         if new_cached:
-            free_cached = sum(1 for b in new_cached if pool.ref_cnt[b] == 0)
-            if need > len(pool.free_queue) - free_cached:
+            free_cached = list(map(pool.ref_cnt.__getitem__, new_cached)).count(0)
+            if need > pool.num_free - free_cached:
                 if not table:
                     del self.tables[request_id]
                 return False
             pool.touch(new_cached)
             table.extend(new_cached)
-        elif need > len(pool.free_queue):
+        elif need <= 0:
+            return True
+        elif need > pool.num_free:
             if not table:
                 del self.tables[request_id]
             return False
@@ -170,10 +215,16 @@ class KVCacheManager:
             return start
         n_full = min(num_computed_tokens // self.block_size, len(hashes), len(table))
         pool = self.pool
+        block_hash = pool.block_hash
+        cached = pool.cached
         for i in range(start, n_full):
             b = table[i]
-            if pool.block_hash[b] is None:
-                pool.cache_block(b, hashes[i])
+            if block_hash[b] is None:
+                # pool.cache_block(b, hashes[i]), inlined: this loop runs per prompt block
+                h = hashes[i]
+                if h not in cached:
+                    block_hash[b] = h
+                    cached[h] = b
         return max(start, n_full)
 
     def free(self, request_id: str) -> None:

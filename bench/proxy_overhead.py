@@ -1,11 +1,22 @@
-"""Gateway overhead: CPU µs per request and added p50 latency vs going direct to the engine.
+"""Gateway overhead: CPU µs per request and added latency vs going direct to the engine.
 
-Starts one engine (``kvgate engine-sim`` unless ``--engine-url`` names a running one) and
-one ``kvgate serve`` in front of it, then at each concurrency sends the same bounded
-number of small non-streamed chat requests direct and through the gateway, in the same
-run. Gateway CPU comes from /proc/<pid>/stat (utime + stime) before and after.
+Two workloads:
+
+* ``--workload short`` (default): one engine, one ``kvgate serve``; at each concurrency
+  the same bounded number of small non-streamed chat requests direct and through the
+  gateway, in the same run.
+* ``--workload long``: 4 ``kvgate engine-sim`` processes; ≈2k-token prompts (a few shared
+  system prompts + a short question), 48 streamed chunks each. Rows measured side by
+  side on identical traffic: a bare aiohttp pass-through proxy (bench/bare_proxy.py, the
+  Python floor), kvgate round_robin and kvgate hybrid (``--workers`` N each). Per row:
+  proxy CPU µs/request, added TTFT p50/p99 vs direct at a fixed rate, and the highest
+  offered rate whose added p99 TTFT stays within ``--p99-bound-ms``. See
+  bench/proxy_long.py.
+
+Proxy CPU comes from /proc/<pid>/stat (utime + stime) of the process and its children.
 
     .venv/bin/python bench/proxy_overhead.py --requests 400 --concurrency 1 16 64
+    .venv/bin/python bench/proxy_overhead.py --workload long [--profile]
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.proxy_long import add_long_arguments, run_long  # noqa: E402
 from tests.fixtures.engines import start_engine_process  # noqa: E402
 from tests.fixtures.gateway import start_gateway_process  # noqa: E402
 
@@ -88,7 +100,11 @@ def main() -> int:
         help="engine-sim time scale (high: the simulated engine adds little latency)",
     )
     parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument("--workload", choices=("short", "long"), default="short")
+    add_long_arguments(parser)
     args = parser.parse_args()
+    if args.workload == "long":
+        return run_long(args)
 
     engine_proc = None
     if args.engine_url:

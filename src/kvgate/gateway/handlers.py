@@ -7,7 +7,6 @@ happens afterwards (try/finally), including a client that disconnects mid-stream
 from __future__ import annotations
 
 import json
-import math
 import time
 import uuid
 from typing import Any
@@ -15,7 +14,12 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from kvgate.admission.tenants import PriorityNotAllowed
+from kvgate.admission.tenants import NotAllowed
+from kvgate.gateway.admission_http import (
+    admission_header,
+    not_allowed_error,
+    rejection_error,
+)
 from kvgate.gateway.app import GATEWAY, Gateway
 from kvgate.gateway.auth import bearer_token
 from kvgate.gateway.errors import ApiError
@@ -195,10 +199,11 @@ async def generate(request: web.Request, endpoint: str) -> web.StreamResponse:
     validate_body(body, endpoint)
     tenant = identify_tenant(gateway, request)
     entry.tenant = tenant.name
-    try:
+    try:  # the key decides the class and priority range; a header only picks within it
         priority = gateway.tenants.resolve_priority(tenant, requested_priority(request, body))
-    except PriorityNotAllowed as exc:
-        raise ApiError(403, str(exc), param=PRIORITY_HEADER, code="priority_not_allowed") from None
+        priority_class = gateway.tenants.resolve_class(tenant, request.headers.get(CLASS_HEADER))
+    except NotAllowed as exc:
+        raise not_allowed_error(exc) from None
     model = _model_for(gateway, body)
     try:
         route = build_route_request(
@@ -215,20 +220,25 @@ async def generate(request: web.Request, endpoint: str) -> web.StreamResponse:
     route.model = model
 
     wants_async = "respond-async" in request.headers.get("Prefer", "").lower()
-    priority_class = request.headers.get(CLASS_HEADER) or tenant.default_class
+    client_bound = body.get("max_completion_tokens") or body.get("max_tokens")
     result = await gateway.admission.admit(
         AdmissionRequest(
             request_id=request_id,
             tenant=tenant.name,
             priority_class=priority_class,
             prompt_tokens=route.prompt_tokens,
-            max_tokens=route.max_tokens,
+            max_tokens=client_bound,
             wants_async=wants_async,
+            model=model,
         )
     )
-    entry.admission = result.header()
+    entry.admission = admission_header(result)
     if result.kind is AdmissionKind.REJECT:
-        raise _rejection(result)
+        raise rejection_error(result)
+    raw_out: bytes | None = raw
+    if client_bound is None and result.output_bound:
+        # the reservation covers this many output tokens: the engine must not exceed it
+        body, raw_out = {**body, "max_tokens": result.output_bound}, None
 
     call = Call(
         request_id=request_id,
@@ -237,8 +247,8 @@ async def generate(request: web.Request, endpoint: str) -> web.StreamResponse:
         body=body,
         route=route,
         started=started,
-        headers={"X-KVGate-Admission": result.header()},
-        raw_body=raw,
+        headers={"X-KVGate-Admission": admission_header(result)},
+        raw_body=raw_out,
     )
 
     async def progress(generated: int) -> None:
@@ -275,22 +285,6 @@ def _log_call(entry: Any, call: Call) -> None:
         entry.cached_tokens = call.usage.cached_tokens
 
 
-def _rejection(result: AdmissionResult) -> ApiError:
-    headers = {"X-KVGate-Admission": result.header()}
-    status = result.status if result.status >= 400 else 429
-    if result.retry_after_s is not None:
-        headers["Retry-After"] = str(max(1, math.ceil(result.retry_after_s)))
-    if status == 408:
-        message = "request timed out in the admission queue"
-    elif status == 503:
-        message = "admission unavailable (quota store down); retry later"
-    elif status == 413:
-        message = "the request needs more runtime tokens than its tenant may ever hold"
-    else:
-        message = f"over quota ({result.reason}); retry later"
-    return ApiError(status, message, code=result.reason, headers=headers)
-
-
 # -- async jobs (Prefer: respond-async, or the async degrade path) ----------------------
 def start_async_job(
     gateway: Gateway, call: Call, result: AdmissionResult, tenant: str
@@ -306,7 +300,7 @@ def start_async_job(
         headers={
             "Location": location,
             "X-Request-Id": call.request_id,
-            "X-KVGate-Admission": result.header(),
+            "X-KVGate-Admission": admission_header(result),
         },
     )
 
@@ -314,6 +308,10 @@ def start_async_job(
 async def _run_job(gateway: Gateway, call: Call, result: AdmissionResult, job_id: str) -> None:
     status, body = 500, b""
     try:
+        # async work waits for its turn in the admission queue, never around it
+        result = await gateway.admission.until_admitted(result)
+        if result.kind is AdmissionKind.REJECT:
+            raise rejection_error(result)
         assert gateway.proxy is not None
         response = await gateway.proxy.forward(call, None)
         assert isinstance(response, web.Response)

@@ -251,14 +251,14 @@ class ClusterSim:
         live.admission = result
         if result.kind == AdmissionKind.ADMIT:
             self._dispatch(live, now)
-        elif result.kind == AdmissionKind.DEGRADE:
+        elif result.kind == AdmissionKind.DEGRADE and result.degrade_to != "async":
             record.status, record.admission = "degraded", f"degrade:{result.degrade_to}"
             self._dispatch(live, now)
-        elif result.kind == AdmissionKind.QUEUE:
+        elif result.kind in (AdmissionKind.QUEUE, AdmissionKind.DEGRADE):  # async waits too
             record.admission = "queue"
             self._push(result.ticket.deadline, _DEADLINE)
-        else:
-            self._resolve(live, "rejected", result.status, f"reject:{result.reason}")
+        else:  # the HTTP status is the gateway's mapping; the reason is kept here
+            self._resolve(live, "rejected", 429, f"reject:{result.reason}")
 
     def _dispatch(self, live: _Live, now: float) -> None:
         while True:

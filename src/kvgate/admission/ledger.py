@@ -80,3 +80,6 @@ class Ledger:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._entries

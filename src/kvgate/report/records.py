@@ -22,3 +22,4 @@ class RequestRecord:
     expected_cached_tokens: int = 0  # the router's prediction
     queued_s: float = 0.0
     admission: str = "admit"
+    priority_class: str = "interactive"  # picks the TTFT SLO that goodput is judged by

@@ -62,6 +62,7 @@ class SimConfig:
     scrape_interval_s: float = 3.0
     sample_interval_s: float = 5.0
     slo_ttft_s: float = 2.0
+    class_slos: dict[str, float] | None = None  # per class TTFT SLO for goodput
     max_retries: int = 2
     events: list[ClusterEvent] = field(default_factory=list)
     flags: dict[str, bool] = field(default_factory=dict)
@@ -237,7 +238,13 @@ class ClusterSim:
             tenant=item.tenant,
         )
         record = RequestRecord(
-            item.request_id, item.tenant, None, now, "ok", prompt_tokens=prompt.prompt_tokens
+            item.request_id,
+            item.tenant,
+            None,
+            now,
+            "ok",
+            prompt_tokens=prompt.prompt_tokens,
+            priority_class=item.priority_class,
         )
         live = _Live(item, prompt, rreq, record)
         self._live[item.request_id] = live
@@ -481,6 +488,7 @@ class ClusterSim:
             duration_s=virtual,
             slo_ttft_s=self.config.slo_ttft_s,
             issued=total,
+            class_slos=self.config.class_slos,
             node_ids=list(self.engines),
         )
         truth = {"prefix_queries": 0, "prefix_hits": 0, "preemptions": 0}

@@ -104,31 +104,35 @@ class AdmissionKind(StrEnum):
     DEGRADE = "degrade"
 
 
+class RejectReason(StrEnum):
+    """Why a request was refused; the gateway maps each to an HTTP answer."""
+
+    TOO_LARGE = "too_large"  # needs more than its tenant may ever hold
+    QUEUE_FULL = "queue_full"  # over quota and the tenant's queue is full
+    DEADLINE = "deadline"  # waited in the queue past its deadline
+    STORE_UNAVAILABLE = "store_unavailable"  # fail-closed while the shared store is down
+
+
 @dataclass(slots=True)
 class AdmissionRequest:
     request_id: str
     tenant: str
-    priority_class: str  # e.g. "interactive" | "batch"
+    priority_class: str  # e.g. "interactive" | "batch"; already checked against the key
     prompt_tokens: int
-    max_tokens: int
+    max_tokens: int | None  # the client's output bound; None: the model's default applies
     wants_async: bool = False  # client sent Prefer: respond-async
+    model: str = ""
 
 
 @dataclass(slots=True)
 class AdmissionResult:
+    """A typed decision; it carries no HTTP status or header text (see gateway.admission_http)."""
+
     kind: AdmissionKind
-    reason: str  # e.g. "within_guarantee", "elastic", "tenant_cap", "queue_full", "deadline"
+    reason: str  # a store reason (within_guarantee, elastic, tenant_cap ...) or a RejectReason
     queued_seconds: float = 0.0
     reserved_tokens: int = 0
-    retry_after_s: float | None = None  # for rejections
-    status: int = 200  # HTTP status to return when not admitted (429, 408, 503)
+    output_bound: int = 0  # output tokens the reservation covers (prompt + this = reserved)
+    retry_after_s: float | None = None  # for rejections: when capacity is expected back
     degrade_to: str | None = None  # "low_priority" | "async" | "economy_pool"
-    ticket: Any = None  # store-specific handle passed back to release()
-
-    def header(self) -> str:
-        """Value of the X-KVGate-Admission response header."""
-        s = self.kind.value
-        if self.degrade_to:
-            s += f"; degrade={self.degrade_to}"
-        s += f"; reason={self.reason}; queued_ms={self.queued_seconds * 1000:.0f}"
-        return s
+    ticket: Any = None  # the core's handle, passed back to progress()/release()

@@ -18,7 +18,7 @@ _ids = itertools.count()
 def request(
     tenant: str = "default",
     prompt: int = 100,
-    max_tokens: int = 100,
+    max_tokens: int | None = 100,
     priority_class: str = "interactive",
 ) -> AdmissionRequest:
     return AdmissionRequest(f"r{next(_ids)}", tenant, priority_class, prompt, max_tokens)
@@ -32,7 +32,7 @@ def make_core(
     core = AdmissionCore(
         AdmissionConfig(**config), store, flags=Flags(flags or {}), gateway_id="gw-test"
     )
-    run_now(store.set_guarantees(core.guarantees()))
+    run_now(store.set_guarantees(core.book.guarantees()))
     return core, clock
 
 

@@ -7,7 +7,7 @@ from kvgate.admission.core import AdmissionCore
 from kvgate.clock import ManualClock, run_now
 from kvgate.store.base import StoreUnavailable
 from kvgate.store.memory import MemoryStore
-from kvgate.types import AdmissionKind
+from kvgate.types import AdmissionKind, RejectReason
 from tests.admission.helpers import admit, make_core, release, request
 
 TWO_TENANTS = {
@@ -39,11 +39,7 @@ def test_admit_within_guarantee_then_elastic_then_queue() -> None:
 def test_hard_cap_and_oversized_requests() -> None:
     core, clock = make_core(**TWO_TENANTS)
     too_big = admit(core, clock, request("b", 500, 200))
-    assert (too_big.kind, too_big.status, too_big.reason) == (
-        AdmissionKind.REJECT,
-        413,
-        "too_large",
-    )
+    assert (too_big.kind, too_big.reason) == (AdmissionKind.REJECT, RejectReason.TOO_LARGE)
     assert admit(core, clock, request("b", 300, 200)).kind is AdmissionKind.ADMIT
     queued = admit(core, clock, request("b", 100, 100))
     assert (queued.kind, queued.reason) == (AdmissionKind.QUEUE, "tenant_cap")
@@ -69,19 +65,22 @@ def test_deadline_is_honoured_exactly() -> None:
     admit(core, clock, request(prompt=400, max_tokens=100))
     interactive = admit(core, clock, request(prompt=100, max_tokens=100))
     batch = admit(core, clock, request(prompt=100, max_tokens=100, priority_class="batch"))
-    assert core.next_deadline() == 5.0
+    assert core.queue.next_deadline() == 5.0
     clock.set(4.999)
     assert core.expire(clock.now()) == []
     clock.set(5.0)
     expired = core.expire(clock.now())
     assert expired == [batch.ticket]
-    assert (expired[0].outcome.status, expired[0].outcome.reason) == (408, "deadline")
+    assert (expired[0].outcome.kind, expired[0].outcome.reason) == (
+        AdmissionKind.REJECT,
+        RejectReason.DEADLINE,
+    )
     clock.set(29.999)
     assert core.expire(clock.now()) == []
     clock.set(30.0)
     [late] = core.expire(clock.now())
     assert late is interactive.ticket and late.outcome.queued_seconds == 30.0
-    assert core.decision_counts["reject"]["deadline"] == 2
+    assert core.decisions.counts["reject"]["deadline"] == 2
 
 
 def test_full_queue_rejects_with_retry_after_from_release_rate() -> None:
@@ -90,17 +89,13 @@ def test_full_queue_rejects_with_retry_after_from_release_rate() -> None:
     for r in [admit(core, clock, request(prompt=100, max_tokens=100)) for _ in range(2)]:
         clock.advance(1.0)
         release(core, clock, r)
-    assert core.release_rate(clock.now()) == 200.0
+    assert core.releases.rate(clock.now()) == 200.0
     running = [admit(core, clock, request(prompt=100, max_tokens=100)) for _ in range(5)]
     assert all(r.kind is AdmissionKind.ADMIT for r in running)
     assert admit(core, clock, request(prompt=100, max_tokens=100)).kind is AdmissionKind.QUEUE
     assert admit(core, clock, request(prompt=100, max_tokens=100)).kind is AdmissionKind.QUEUE
     rejected = admit(core, clock, request(prompt=100, max_tokens=100))
-    assert (rejected.kind, rejected.status, rejected.reason) == (
-        AdmissionKind.REJECT,
-        429,
-        "queue_full",
-    )
+    assert (rejected.kind, rejected.reason) == (AdmissionKind.REJECT, RejectReason.QUEUE_FULL)
     # (400 queued + 200 of its own) at 200 tokens/s
     assert rejected.retry_after_s == 3.0
 
@@ -151,21 +146,63 @@ def test_guarantee_holds_while_another_tenant_floods() -> None:
     assert (got.kind, got.reason) == (AdmissionKind.ADMIT, "within_guarantee")
 
 
-def test_degrade_modes_by_class_and_flag() -> None:
+def test_degraded_work_reserves_within_caps_and_total() -> None:
     config = {
-        "total_quota": 300,
-        "degrade": {"modes": {"batch": "economy_pool"}, "over_quota": "low_priority"},
+        "total_quota": 1000,
+        "tenants": [
+            {"name": "a", "weight": 1, "hard_cap": 700},
+            {"name": "b", "weight": 1},
+        ],
+        "degrade": {"modes": {"batch": "economy_pool"}},
     }
     core, clock = make_core(**config)
-    admit(core, clock, request(prompt=200, max_tokens=100))
-    batch = admit(core, clock, request(prompt=10, max_tokens=10, priority_class="batch"))
-    assert (batch.kind, batch.degrade_to) == (AdmissionKind.DEGRADE, "economy_pool")
-    assert "degrade=economy_pool" in batch.header()
-    other = admit(core, clock, request(prompt=10, max_tokens=10))
-    assert other.degrade_to == "low_priority"
+    a1 = admit(core, clock, request("a", prompt=200, max_tokens=200))
+    b = admit(core, clock, request("b", prompt=50, max_tokens=50))
+    waiting = admit(core, clock, request("b", prompt=600, max_tokens=100))
+    assert (waiting.kind, waiting.reason) == (AdmissionKind.QUEUE, "total")
+    # b waits, so a is held to its fair share (500): interactive work queues ...
+    interactive = admit(core, clock, request("a", prompt=100, max_tokens=100))
+    assert (interactive.kind, interactive.reason) == (AdmissionKind.QUEUE, "tenant_share")
+    core.cancel(interactive.ticket, clock.now())
+    # ... batch work degrades past the share
+    batch = admit(core, clock, request("a", prompt=100, max_tokens=100, priority_class="batch"))
+    assert (batch.kind, batch.degrade_to, batch.reserved_tokens) == (
+        AdmissionKind.DEGRADE,
+        "economy_pool",
+        200,
+    )
+    # ... and is in the ledger and the store like anything else
+    assert run_now(core.store.usage()) == {"a": 600, "b": 100}
+    assert core.snapshot()["tenants"]["a"]["degraded_reserved"] == 200
+    # never past the hard cap (700)
+    big = admit(core, clock, request("a", prompt=150, max_tokens=100, priority_class="batch"))
+    assert (big.kind, big.reason) == (AdmissionKind.QUEUE, "tenant_cap")
+    for r in (a1, b, batch):
+        release(core, clock, r)
+    assert run_now(core.store.usage()) == {"a": 250, "b": 700}  # both queued ones got in
     core_off, clock_off = make_core(flags={"degrade": False}, **config)
-    admit(core_off, clock_off, request(prompt=200, max_tokens=100))
-    assert admit(core_off, clock_off, request(priority_class="batch")).kind is AdmissionKind.QUEUE
+    admit(core_off, clock_off, request("a", prompt=200, max_tokens=200))
+    admit(core_off, clock_off, request("b", prompt=50, max_tokens=50))
+    admit(core_off, clock_off, request("b", prompt=600, max_tokens=100))
+    off = admit(
+        core_off, clock_off, request("a", prompt=100, max_tokens=100, priority_class="batch")
+    )
+    assert (off.kind, off.reason) == (AdmissionKind.QUEUE, "tenant_share")
+
+
+def test_async_work_waits_in_the_queue_and_reserves_when_admitted() -> None:
+    core, clock = make_core(total_quota=500, degrade={"modes": {"batch": "async"}})
+    held = admit(core, clock, request(prompt=300, max_tokens=100))
+    job = admit(core, clock, request(prompt=100, max_tokens=100, priority_class="batch"))
+    # answered at once, but nothing reserved: it waits its turn in the queue
+    assert (job.kind, job.degrade_to, job.reserved_tokens) == (AdmissionKind.DEGRADE, "async", 0)
+    assert core.snapshot()["tenants"]["default"]["queued_tokens"] == 200
+    assert run_now(core.store.usage()) == {"default": 400}
+    [item] = release(core, clock, held)
+    assert item is job.ticket and item.outcome.reserved_tokens == 200
+    assert item.outcome.degrade_to == "async"
+    assert run_now(core.store.usage()) == {"default": 200}
+    release(core, clock, item.outcome)
 
 
 def test_admission_flag_off_admits_everything() -> None:
@@ -175,30 +212,48 @@ def test_admission_flag_off_admits_everything() -> None:
     release(core, clock, result)
 
 
-def test_progress_grows_the_reservation_and_release_frees_it() -> None:
+def test_the_reservation_covers_the_output_bound_and_never_grows() -> None:
     core, clock = make_core(total_quota=1000)
     result = admit(core, clock, request(prompt=100, max_tokens=50))
-    assert result.reserved_tokens == 150
+    assert (result.reserved_tokens, result.output_bound) == (150, 50)
     run_now(core.progress(result, 40))
     assert core.snapshot()["used"] == 150
-    run_now(core.progress(result, 80))  # the engine went past max_tokens' estimate
-    assert core.snapshot()["used"] == 180
+    run_now(core.progress(result, 80))  # the engine went past max_tokens: metered only
+    assert core.snapshot()["used"] == 150
+    assert core.ledger.held_total == 180
+    overrun = core.metrics.registry.get_sample_value(
+        "kvgate_admission_bound_overrun_tokens_total", {"tenant": "default"}
+    )
+    assert overrun == 30
     release(core, clock, result)
     release(core, clock, result)  # a second release is a no-op
     assert core.snapshot()["used"] == 0
     assert run_now(core.store.usage()) == {}
 
 
-def test_output_estimate_learns_the_tenant_percentile() -> None:
-    core, clock = make_core(total_quota=100_000)
-    for _ in range(50):
-        r = admit(core, clock, request("t", prompt=10, max_tokens=1000))
-        run_now(core.progress(r, 100))
+def test_output_bound_is_max_tokens_else_the_model_default_clamped_by_context() -> None:
+    core, clock = make_core(
+        total_quota=100_000,
+        output={
+            "default_max_tokens": 500,
+            "model_max_tokens": {"m": 2000},
+            "model_context_tokens": {"m": 4096},
+        },
+    )
+    # short completions in the past never shrink a reservation
+    for _ in range(30):
+        r = admit(core, clock, request(prompt=10, max_tokens=1000))
+        run_now(core.progress(r, 5))
         release(core, clock, r)
-    learned = admit(core, clock, request("t", prompt=10, max_tokens=1000))
-    assert learned.reserved_tokens == 110
-    assert admit(core, clock, request("t", prompt=10, max_tokens=20)).reserved_tokens == 30
-    assert admit(core, clock, request("new", prompt=10, max_tokens=1000)).reserved_tokens == 1010
+    assert admit(core, clock, request(prompt=10, max_tokens=1000)).reserved_tokens == 1010
+    no_bound = request(prompt=10, max_tokens=None)
+    assert admit(core, clock, no_bound).output_bound == 500
+    in_model = request(prompt=3000, max_tokens=None)
+    in_model.model = "m"
+    assert admit(core, clock, in_model).output_bound == 1096  # 4096 - 3000
+    asked = request(prompt=3000, max_tokens=3000)
+    asked.model = "m"
+    assert admit(core, clock, asked).reserved_tokens == 4096
 
 
 def test_watermark_is_the_larger_of_ledger_and_engine_usage() -> None:
@@ -214,14 +269,14 @@ def test_watermark_is_the_larger_of_ledger_and_engine_usage() -> None:
 
 def test_store_quota_values_apply() -> None:
     core, _clock = make_core(**TWO_TENANTS)
-    assert core.apply_store_value("/kvgate/global/quota/total", "2000")
+    assert core.book.apply_store_value("/kvgate/global/quota/total", "2000")
     assert core.total == 2000
-    assert core.apply_store_value(
+    assert core.book.apply_store_value(
         "/kvgate/tenant/b/quota", '{"guaranteed": 300, "weight": 2, "hard_cap": 900}'
     )
-    q = core.quota_for("b")
+    q = core.book.quota_for("b")
     assert (q.guaranteed, q.weight, q.hard_cap) == (300, 2.0, 900)
-    assert not core.apply_store_value("/kvgate/tenant/b/quota", "not json")
+    assert not core.book.apply_store_value("/kvgate/tenant/b/quota", "not json")
 
 
 class _FlakyStore(MemoryStore):
@@ -248,12 +303,12 @@ def test_releases_missed_during_a_partition_are_replayed_on_recovery() -> None:
     held = admit(core, clock, request(prompt=100, max_tokens=100))
     store.down = True
     release(core, clock, held)
-    assert not core.store_up
+    assert not core.link.up
     assert run_now(store.usage()) == {"default": 200}  # the store never heard
     store.down = False
     clock.advance(1)
     run_now(core.refresh(10))
-    assert core.store_up
+    assert core.link.up
     assert run_now(store.usage()) == {}
 
 

@@ -51,5 +51,5 @@ def test_tightens_above_80_relaxes_below_50_within_the_hard_cap() -> None:
 
 def test_total_never_exceeds_the_hard_cap_from_the_store_either() -> None:
     core, _ = make_core(total_quota=1000, absolute_hard_cap=1500)
-    core.apply_store_value(TOTAL_QUOTA, "999999")
+    core.book.apply_store_value(TOTAL_QUOTA, "999999")
     assert core.total == 1500

@@ -52,6 +52,7 @@ def body(i: int, max_tokens: int, stream: bool = False) -> dict[str, Any]:
         "model": "sim",
         "max_tokens": max_tokens,
         "stream": stream,
+        "ignore_eos": True,  # the simulated engine generates exactly max_tokens
         "messages": [{"role": "user", "content": f"request {i} " + "word " * 40}],
     }
 

@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from kvgate.admission.config import AdmissionConfig, TenantConfig
 from kvgate.admission.jobs import JobStore
-from kvgate.admission.tenants import PriorityNotAllowed, TenantDirectory
+from kvgate.admission.tenants import ClassNotAllowed, PriorityNotAllowed, TenantDirectory
 from kvgate.clock import ManualClock
 
 TENANTS = [
@@ -73,7 +73,8 @@ def test_priority_cannot_be_raised_above_the_tenant_range() -> None:
     assert acme is not None
     assert directory.resolve_priority(acme, None) == 1
     assert directory.resolve_priority(acme, 4) == 4
-    assert directory.resolve_priority(acme, -3) == 1  # clamped up to the minimum
+    with pytest.raises(PriorityNotAllowed, match="below tenant 'acme'"):
+        directory.resolve_priority(acme, -3)
     with pytest.raises(PriorityNotAllowed, match="above tenant 'acme'"):
         directory.resolve_priority(acme, 6)
     zeta = directory.get("zeta")
@@ -105,3 +106,25 @@ def test_job_store_keeps_results_for_the_ttl_and_only_for_the_tenant() -> None:
     assert len(jobs) == 0
     assert jobs.get("job-unknown", "acme") is None
     jobs.set_result("job-unknown", 200, {})  # a late result for an expired job is ignored
+
+
+def test_class_comes_from_the_key_and_a_header_picks_within_it() -> None:
+    directory = TenantDirectory(
+        AdmissionConfig(
+            tenants=[
+                {"name": "plain", "api_keys": ["p"]},
+                {"name": "mixed", "api_keys": ["m"], "classes": ["interactive", "batch"]},
+            ]
+        )
+    )
+    plain, mixed = directory.get("plain"), directory.get("mixed")
+    assert plain is not None and mixed is not None
+    assert directory.resolve_class(plain, None) == "interactive"
+    assert directory.resolve_class(plain, "interactive") == "interactive"
+    with pytest.raises(ClassNotAllowed, match="'batch' is not allowed for tenant 'plain'"):
+        directory.resolve_class(plain, "batch")
+    assert directory.resolve_class(mixed, "batch") == "batch"
+    with pytest.raises(ClassNotAllowed, match="allowed: interactive, batch"):
+        directory.resolve_class(mixed, "premium")
+    with pytest.raises(ValueError, match="default_class 'batch' must be one of classes"):
+        TenantConfig(name="x", classes=["interactive"], default_class="batch")

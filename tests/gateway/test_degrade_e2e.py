@@ -1,4 +1,8 @@
-"""Over-quota work: 429 + Retry-After, the async job path, the economy pool, degrade off."""
+"""Over-quota work: 429 + Retry-After, the async job path, the economy pool, degrade off.
+
+Degraded work reserves like anything else: async jobs wait in the admission queue, and
+economy-pool work may pass its fair share, never its hard cap.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +29,14 @@ def config(urls: list[str], mode: str) -> dict[str, Any]:
         "auth": {"admin_token": "adm"},
         "admission": {
             "total_quota": 20000,
-            "tenants": [{"name": "acme", "api_keys": ["k-acme"], "hard_cap": HOLD_TOKENS + 200}],
+            "tenants": [
+                {
+                    "name": "acme",
+                    "api_keys": ["k-acme"],
+                    "hard_cap": HOLD_TOKENS + 200,
+                    "classes": ["interactive", "batch"],
+                }
+            ],
             "queue": {"max_queue_tokens": 0},  # no queue: over quota is refused at once
             "degrade": {"modes": {"batch": mode}},
         },
@@ -58,19 +69,29 @@ async def hold_quota(s: aiohttp.ClientSession, url: str) -> aiohttp.ClientRespon
 
 
 async def test_over_quota_interactive_is_429_and_batch_goes_async(two_engines) -> None:
-    async with running_gateway(config(two_engines, "async")) as gw, aiohttp.ClientSession() as s:
+    cfg = config(two_engines, "async")
+    # interactive work may not wait; async work waits in the queue for its turn
+    cfg["admission"]["queue"] = {
+        "max_queue_tokens": 1000,
+        "class_deadlines_s": {"interactive": 0, "batch": 0},
+    }
+    async with running_gateway(cfg) as gw, aiohttp.ClientSession() as s:
         holder = await hold_quota(s, gw.url)
         async with s.post(gw.url + "/v1/chat/completions", json=body(400), headers=KEY) as r:
-            assert r.status == 429
-            assert int(r.headers["Retry-After"]) >= 1
-            error = (await r.json())["error"]
-            assert error["type"] == "rate_limit_error"
+            assert r.status == 408
             assert r.headers["X-KVGate-Admission"].startswith("reject")
         headers = {**KEY, "X-KVGate-Class": "batch"}
         async with s.post(gw.url + "/v1/chat/completions", json=body(400), headers=headers) as r:
             assert r.status == 202, await r.text()
             assert "degrade=async" in r.headers["X-KVGate-Admission"]
             location = r.headers["Location"]
+        # the job is not dispatched around the quota: it waits while the holder holds
+        await asyncio.sleep(0.3)
+        async with s.get(gw.url + location, headers=KEY) as r:
+            assert r.status == 202
+        snapshot = gw.gateway.admission.snapshot()
+        assert snapshot["tenants"]["acme"]["queue_depth"] == 1
+        assert snapshot["tenants"]["acme"]["used"] <= HOLD_TOKENS + 200
         holder.close()  # the client goes away: its reservation is released
         for _ in range(300):
             async with s.get(gw.url + location, headers=KEY) as r:
@@ -88,23 +109,55 @@ async def test_over_quota_interactive_is_429_and_batch_goes_async(two_engines) -
         ) as r:
             assert r.status == 200
         holder = await hold_quota(s, gw.url)
-        async with s.post(gw.url + "/v1/chat/completions", json=body(400), headers=headers) as r:
-            assert r.status == 429
+        cfg_off = {**headers, "X-KVGate-Priority": "0"}
+        async with s.post(gw.url + "/v1/chat/completions", json=body(400), headers=cfg_off) as r:
+            assert r.status in (408, 429)
         holder.close()
 
 
-async def test_economy_pool_degrade_routes_to_the_economy_node(two_engines) -> None:
-    async with (
-        running_gateway(config(two_engines, "economy_pool")) as gw,
-        aiohttp.ClientSession() as s,
-    ):
-        holder = await hold_quota(s, gw.url)
+async def test_a_class_the_key_does_not_allow_is_403(two_engines) -> None:
+    cfg = config(two_engines, "async")
+    cfg["admission"]["tenants"][0]["classes"] = ["interactive"]
+    async with running_gateway(cfg) as gw, aiohttp.ClientSession() as s:
         headers = {**KEY, "X-KVGate-Class": "batch"}
-        async with s.post(gw.url + "/v1/chat/completions", json=body(400), headers=headers) as r:
-            assert r.status == 200, await r.text()
-            assert r.headers["X-KVGate-Node"] == "cheap"
-            assert "degrade=economy_pool" in r.headers["X-KVGate-Admission"]
+        async with s.post(gw.url + "/v1/chat/completions", json=body(50), headers=headers) as r:
+            assert r.status == 403
+            error = (await r.json())["error"]
+            assert (error["code"], error["param"]) == ("class_not_allowed", "X-KVGate-Class")
+            assert "'batch' is not allowed for tenant 'acme'" in error["message"]
+
+
+async def test_economy_pool_degrade_passes_the_fair_share_not_the_cap(two_engines) -> None:
+    cfg = config(two_engines, "economy_pool")
+    admission = cfg["admission"]
+    admission["total_quota"] = 2 * HOLD_TOKENS + 1000
+    admission["tenants"][0]["hard_cap"] = HOLD_TOKENS + 800
+    admission["tenants"].append({"name": "zed", "api_keys": ["k-zed"]})
+    admission["queue"] = {"max_queue_tokens": 10_000, "default_deadline_s": 30}
+    zed = {"Authorization": "Bearer k-zed"}
+    async with running_gateway(cfg) as gw, aiohttp.ClientSession() as s:
+        holder = await hold_quota(s, gw.url)
+        r = await s.post(
+            gw.url + "/v1/chat/completions", json=body(HOLD_TOKENS, stream=True), headers=zed
+        )
+        assert r.status == 200
+        await r.content.readuntil(b"\n\n")
+        # zed now waits in the queue, so acme is held to half the pool
+        waiting = asyncio.create_task(
+            s.post(gw.url + "/v1/chat/completions", json=body(1500), headers=zed)
+        )
+        await asyncio.sleep(0.2)
+        headers = {**KEY, "X-KVGate-Class": "batch"}
+        async with s.post(gw.url + "/v1/chat/completions", json=body(600), headers=headers) as b:
+            assert b.status == 200, await b.text()
+            assert b.headers["X-KVGate-Node"] == "cheap"
+            assert "degrade=economy_pool" in b.headers["X-KVGate-Admission"]
+        # past the hard cap it is not degraded but waits like anything else
+        snapshot = gw.gateway.admission.snapshot()
+        assert snapshot["tenants"]["acme"]["used"] <= HOLD_TOKENS + 800
         holder.close()
+        r.close()
+        (await waiting).close()
 
 
 async def test_queued_request_times_out_with_408(two_engines) -> None:

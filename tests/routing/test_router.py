@@ -78,7 +78,7 @@ def backlog(c: Cluster, node_id: str, tokens: int, tag: str) -> None:
         model="m",
         prompt_tokens=tokens,
         block_hashes=block_hashes(pieces),
-        stable_prefix_digest=tag,
+        route_key=f"m:{tag}",
         max_tokens=16,
     )
     c.router.on_dispatch(req, RouteDecision(node_id, "test", 0, "test"))

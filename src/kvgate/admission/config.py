@@ -24,9 +24,14 @@ class TenantConfig(_Strict):
     priority_max: int = 0
     default_priority: int | None = None
     default_class: str = "interactive"
+    # the priority classes this tenant's key may ask for (X-KVGate-Class); empty: only
+    # default_class. A header never widens what the key allows.
+    classes: list[str] = []
 
     @model_validator(mode="after")
     def _ranges(self) -> TenantConfig:
+        if self.classes and self.default_class not in self.classes:
+            raise ValueError(f"default_class {self.default_class!r} must be one of classes")
         if self.priority_min > self.priority_max:
             raise ValueError("priority_min must be <= priority_max")
         if self.default_priority is not None and not (
@@ -50,6 +55,29 @@ class QueueConfig(_Strict):
         return self.class_deadlines_s.get(priority_class, self.default_deadline_s)
 
 
+class OutputBoundConfig(_Strict):
+    """The output bound a reservation covers when the client sends no max_tokens."""
+
+    default_max_tokens: int = Field(default=1024, ge=1, description="any model not listed")
+    model_max_tokens: dict[str, int] = Field(default={}, description="model → default bound")
+    model_context_tokens: dict[str, int] = Field(
+        default={}, description="model → context length (prompt + output never exceed it)"
+    )
+
+    def bound(self, model: str, prompt_tokens: int, max_tokens: int | None) -> int:
+        """Output tokens to reserve: the client's max_tokens, else the model's default,
+        clamped so prompt + output fit the model's context (at least 1)."""
+        out = (
+            max_tokens
+            if max_tokens is not None
+            else self.model_max_tokens.get(model, self.default_max_tokens)
+        )
+        context = self.model_context_tokens.get(model)
+        if context is not None:
+            out = min(out, context - prompt_tokens)
+        return max(1, out)
+
+
 class DynamicQuotaConfig(_Strict):
     interval_s: float = Field(default=25.0, ge=20.0, le=30.0)
     tighten_above: float = Field(default=0.80, gt=0, le=1)
@@ -69,6 +97,9 @@ class DegradeConfig(_Strict):
     modes: dict[str, DegradeMode] = {}  # e.g. {"batch": "async"}
     economy_pool: str = "economy"
     over_quota: DegradeMode | None = None  # any class over its share, when set
+    async_deadline_s: float = Field(
+        default=600.0, gt=0, description="how long async work may wait in the admission queue"
+    )
 
 
 class AdmissionConfig(_Strict):
@@ -83,8 +114,13 @@ class AdmissionConfig(_Strict):
     lease_ttl_s: float = Field(default=10.0, gt=0)
     heartbeat_s: float | None = Field(default=None, gt=0, description="default lease_ttl_s / 3")
     async_job_ttl_s: float = Field(default=3600.0, gt=0)
-    output_percentile: float = Field(default=0.90, gt=0, le=1)
-    output_window: int = Field(default=512, ge=8)
+    output: OutputBoundConfig = Field(default_factory=OutputBoundConfig)
+    overcommit: float = Field(
+        default=1.0,
+        ge=1.0,
+        le=4.0,
+        description="admit up to total × overcommit reserved tokens (1.0 = never over-admit)",
+    )
     default_tenant: str = "default"
 
     @model_validator(mode="after")

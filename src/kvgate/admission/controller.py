@@ -52,6 +52,7 @@ class AdmissionController:
         gateway_id: str | None = None,
         engine_usage: Callable[[], int | None] | None = None,
         capacity: Callable[[], int | None] | None = None,
+        local_store: Store | None = None,
     ) -> None:
         self.config = config
         self.store: Store = with_counters(store)  # a plain KVStore: counters stay in process
@@ -69,6 +70,7 @@ class AdmissionController:
             gateway_id=self.lease_holder,
             metrics=self.metrics,
             engine_usage=engine_usage,
+            local_store=local_store,
         )
         self.dynamic = DynamicQuota(self.core, self.store, capacity)
         self._tasks: list[asyncio.Task[Any]] = []
@@ -82,15 +84,15 @@ class AdmissionController:
             return
         self._started = True
         try:
-            await self.store.set_guarantees(self.core.guarantees())
+            await self.store.set_guarantees(self.core.book.guarantees())
             for key, value in (await self.store.get_prefix(TENANTS_PREFIX)).items():
-                self.core.apply_store_value(key, value)
+                self.core.book.apply_store_value(key, value)
             total = await self.store.get(TOTAL_QUOTA)
             if total is not None:
-                self.core.apply_store_value(TOTAL_QUOTA, total)
-            await self.store.set_guarantees(self.core.guarantees())
+                self.core.book.apply_store_value(TOTAL_QUOTA, total)
+            await self.store.set_guarantees(self.core.book.guarantees())
         except (StoreUnavailable, ConnectionError, OSError) as exc:
-            self.core.mark_store(False, exc)
+            self.core.link.mark(False, exc)
         await self.core.refresh(self.config.lease_ttl_s)
         self._tasks = [
             asyncio.create_task(self._heartbeat_loop(), name="admission-heartbeat"),
@@ -113,14 +115,29 @@ class AdmissionController:
 
     # -- the request path --------------------------------------------------------------
     async def admit(self, req: AdmissionRequest) -> AdmissionResult:
+        """The decision; a queued request waits here until admitted or past its deadline.
+
+        Async degraded work is answered at once (DEGRADE, degrade_to="async") while it
+        waits in the queue: ``until_admitted`` waits for its turn.
+        """
         result = await self.core.try_admit(req, self.clock.now())
-        if result.kind is not AdmissionKind.QUEUE:
+        if not isinstance(result.ticket, QueuedRequest):
             return result
         item: QueuedRequest = result.ticket
         future: asyncio.Future[AdmissionResult] = asyncio.get_running_loop().create_future()
         item.handle = future
         self._ensure_pump()
         self._wake.set()
+        if result.kind is not AdmissionKind.QUEUE:
+            return result
+        return await self.until_admitted(result)
+
+    async def until_admitted(self, result: AdmissionResult) -> AdmissionResult:
+        """The final decision for a result still waiting in the queue (else ``result``)."""
+        item = result.ticket
+        if not isinstance(item, QueuedRequest) or not isinstance(item.handle, asyncio.Future):
+            return result
+        future: asyncio.Future[AdmissionResult] = item.handle
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -167,7 +184,7 @@ class AdmissionController:
             timeout: float | None = None
             if len(self.core.queue):
                 timeout = QUEUE_POLL_S
-                deadline = self.core.next_deadline()
+                deadline = self.core.queue.next_deadline()
                 if deadline is not None:
                     timeout = min(timeout, max(0.0, deadline - self.clock.now()))
             self._wake.clear()
@@ -195,9 +212,9 @@ class AdmissionController:
         while True:
             try:
                 async for event in self.store.watch_prefix(prefix):
-                    if self.core.apply_store_value(event.key, event.value):
+                    if self.core.book.apply_store_value(event.key, event.value):
                         with contextlib.suppress(StoreUnavailable, ConnectionError, OSError):
-                            await self.store.set_guarantees(self.core.guarantees())
+                            await self.store.set_guarantees(self.core.book.guarantees())
                         self._wake.set()
             except asyncio.CancelledError:
                 raise

@@ -58,16 +58,16 @@ class DynamicQuota:
         else:
             direction, proposed = "hold", total
         mean_request = int(self.core.ledger.mean_request_tokens())
-        floor = max(dq.min_total, sum(self.core.guarantees().values()), mean_request)
+        floor = max(dq.min_total, sum(self.core.book.guarantees().values()), mean_request)
         ceiling = cfg.absolute_hard_cap or max(cfg.total_quota, capacity)
         new_total = max(floor, min(proposed, ceiling))
         if new_total != total:
-            self.core.set_total(new_total)
+            self.core.book.set_total(new_total)
             self.core.metrics.dynamic_adjustments.labels(direction).inc()
         try:
             await self.store.put(TOTAL_QUOTA, str(self.core.total))
             await self.store.put(WATERMARK, str(watermark))
         except (StoreUnavailable, ConnectionError, OSError) as exc:
-            self.core.mark_store(False, exc)
+            self.core.link.mark(False, exc)
         self.last = QuotaStep(now, total, self.core.total, direction, watermark, capacity)
         return self.last

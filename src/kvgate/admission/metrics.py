@@ -61,4 +61,31 @@ class AdmissionMetrics:
             ["direction"],
             registry=r,
         )
+        self.overcommit_ratio = Gauge(
+            "kvgate_admission_overcommit_ratio",
+            "Effective over-admission ratio (reservations may reach total x ratio)",
+            registry=r,
+        )
+        self.overcommit_excess = Gauge(
+            "kvgate_admission_overcommit_excess_tokens",
+            "Reserved runtime tokens above the total (over-admitted)",
+            registry=r,
+        )
+        self.overcommit_paused = Counter(
+            "kvgate_admission_overcommit_paused",
+            "Times engine KV use reached the total and over-admission was paused",
+            registry=r,
+        )
+        self.bound_overrun = Counter(
+            "kvgate_admission_bound_overrun_tokens",
+            "Output tokens generated beyond the reserved output bound",
+            ["tenant"],
+            registry=r,
+        )
+        self.reserved = Gauge(
+            "kvgate_admission_reserved_tokens",
+            "Runtime tokens reserved by this gateway, by tenant and dispatch mode",
+            ["tenant", "mode"],
+            registry=r,
+        )
         self.store_up.set(1)

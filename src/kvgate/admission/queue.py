@@ -24,8 +24,9 @@ class QueuedRequest:
     enqueued_at: float
     deadline: float
     is_long: bool
+    degrade_to: str | None = None  # async work waits here too; it is dispatched from here
     handle: Any = None  # the live controller's future
-    outcome: Any = None  # set when admitted (the store's reason)
+    outcome: Any = None  # set when admitted or expired (an AdmissionResult)
 
     @property
     def tenant(self) -> str:
@@ -46,7 +47,9 @@ class AdmissionQueue:
         max_tokens_per_tenant: int,
         quantum_tokens: int,
         weight: Callable[[str], float],
+        long_threshold: int = 2048,
     ) -> None:
+        self.long_threshold = long_threshold
         self._max_tokens = max_tokens_per_tenant
         self._quantum = quantum_tokens
         self._weight = weight
@@ -100,6 +103,16 @@ class AdmissionQueue:
 
     def long_waiting(self) -> bool:
         return any(i.is_long for q in self._queues.values() for i in q.items)
+
+    def held_back_for_long(self, tokens: int, total: int, reserved_fraction: float) -> int:
+        """Elastic tokens a short request may not take, so long ones are not starved:
+        a reserved fraction while one waits, its full size once it is due."""
+        if tokens >= self.long_threshold:
+            return 0
+        held_back = int(reserved_fraction * total) if self.long_waiting() else 0
+        if self.due_long is not None:
+            held_back = max(held_back, self.due_long.tokens)
+        return held_back
 
     def __len__(self) -> int:
         return sum(len(q.items) for q in self._queues.values())

@@ -1,12 +1,29 @@
-"""API key → tenant, and the priority range a tenant may ask for."""
+"""API key → tenant, and the classes and priority range that key may ask for.
+
+The key decides: a request header (X-KVGate-Class, X-KVGate-Priority) may only choose
+within what the tenant's config allows; anything else is refused (the gateway answers
+403), never silently widened.
+"""
 
 from __future__ import annotations
 
 from kvgate.admission.config import AdmissionConfig, TenantConfig
 
 
-class PriorityNotAllowed(ValueError):
-    """A client asked for a priority outside its tenant's allowed range."""
+class NotAllowed(ValueError):
+    """A client asked for a class or priority its key does not allow."""
+
+
+class PriorityNotAllowed(NotAllowed):
+    """A priority outside the tenant's priority_min..priority_max."""
+
+
+class ClassNotAllowed(NotAllowed):
+    """A priority class not in the tenant's classes."""
+
+
+def allowed_classes(tenant: TenantConfig) -> list[str]:
+    return list(tenant.classes) if tenant.classes else [tenant.default_class]
 
 
 class TenantDirectory:
@@ -34,11 +51,21 @@ class TenantDirectory:
             if tenant.default_priority is not None:
                 return tenant.default_priority
             return tenant.priority_min
-        if requested > tenant.priority_max:
+        if not tenant.priority_min <= requested <= tenant.priority_max:
+            side = "above" if requested > tenant.priority_max else "below"
             raise PriorityNotAllowed(
-                f"priority {requested} is above tenant {tenant.name!r}'s allowed maximum "
-                f"{tenant.priority_max}"
+                f"priority {requested} is {side} tenant {tenant.name!r}'s allowed range "
+                f"{tenant.priority_min}..{tenant.priority_max}"
             )
-        if requested < tenant.priority_min:
-            return tenant.priority_min
+        return requested
+
+    def resolve_class(self, tenant: TenantConfig, requested: str | None) -> str:
+        if requested is None or requested == "":
+            return tenant.default_class
+        allowed = allowed_classes(tenant)
+        if requested not in allowed:
+            raise ClassNotAllowed(
+                f"class {requested!r} is not allowed for tenant {tenant.name!r}'s key; "
+                f"allowed: {', '.join(allowed)}"
+            )
         return requested

@@ -11,7 +11,6 @@ that disconnects. Every answer, errors included, carries ``X-Request-Id`` and th
 from __future__ import annotations
 
 import json
-import math
 import time
 import uuid
 from typing import Any
@@ -19,7 +18,12 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from kvgate.admission.tenants import PriorityNotAllowed
+from kvgate.admission.tenants import NotAllowed
+from kvgate.gateway.admission_http import (
+    admission_header,
+    not_allowed_error,
+    rejection_error,
+)
 from kvgate.gateway.auth import bearer_token
 from kvgate.gateway.errors import ApiError
 from kvgate.gateway.gateway import GATEWAY, Gateway
@@ -203,7 +207,7 @@ def _known_headers(request_id: str, flow: Flow | None) -> dict[str, str]:
     if flow is None:
         return headers
     if flow.admission is not None:
-        headers["X-KVGate-Admission"] = flow.admission.header()
+        headers["X-KVGate-Admission"] = admission_header(flow.admission)
     if flow.decision is not None:
         headers["X-KVGate-Node"] = flow.decision.node_id
         headers["X-KVGate-Route-Reason"] = flow.decision.reason
@@ -238,10 +242,11 @@ async def _generate(
     validate_body(body, endpoint)
     tenant = identify_tenant(gateway, request)
     entry.tenant = tenant.name
-    try:
+    try:  # the key decides the class and priority range; a header only picks within it
         priority = gateway.tenants.resolve_priority(tenant, requested_priority(request, body))
-    except PriorityNotAllowed as exc:
-        raise ApiError(403, str(exc), param=PRIORITY_HEADER, code="priority_not_allowed") from None
+        priority_class = gateway.tenants.resolve_class(tenant, request.headers.get(CLASS_HEADER))
+    except NotAllowed as exc:
+        raise not_allowed_error(exc) from None
     model = _model_for(gateway, body)
     try:
         route = build_route_request(
@@ -262,7 +267,7 @@ async def _generate(
         raw_body = None
 
     wants_async = "respond-async" in request.headers.get("Prefer", "").lower()
-    priority_class = request.headers.get(CLASS_HEADER) or tenant.default_class
+    client_bound = body.get("max_completion_tokens") or body.get("max_tokens")
     flow = gateway.pipeline.start(
         route,
         AdmissionRequest(
@@ -270,17 +275,22 @@ async def _generate(
             tenant=tenant.name,
             priority_class=priority_class,
             prompt_tokens=route.prompt_tokens,
-            max_tokens=route.max_tokens,
+            max_tokens=client_bound,
             wants_async=wants_async,
+            model=model,
         ),
         priority_min=tenant.priority_min,
         wants_async=wants_async,
     )
     flows.append(flow)
     result = await gateway.pipeline.admit(flow)
-    entry.admission = result.header()
+    entry.admission = admission_header(result)
     if result.kind is AdmissionKind.REJECT:
-        raise _rejection(result)
+        raise rejection_error(result)
+    raw_out = raw_body
+    if client_bound is None and result.output_bound:
+        # the reservation covers this many output tokens: the engine must not exceed it
+        body, raw_out = {**body, "max_tokens": result.output_bound}, None
 
     call = Call(
         request_id=request_id,
@@ -289,8 +299,8 @@ async def _generate(
         body=body,
         flow=flow,
         started=started,
-        headers={"X-KVGate-Admission": result.header()},
-        raw_body=raw_body,
+        headers={"X-KVGate-Admission": admission_header(result)},
+        raw_body=raw_out,
     )
     if flow.run_async:
         return start_async_job(gateway, call, result, tenant.name)
@@ -314,22 +324,6 @@ def _log_call(entry: Any, call: Call) -> None:
         entry.cached_tokens = call.usage.cached_tokens
 
 
-def _rejection(result: AdmissionResult) -> ApiError:
-    headers = {"X-KVGate-Admission": result.header()}
-    status = result.status if result.status >= 400 else 429
-    if result.retry_after_s is not None:
-        headers["Retry-After"] = str(max(1, math.ceil(result.retry_after_s)))
-    if status == 408:
-        message = "request timed out in the admission queue"
-    elif status == 503:
-        message = "admission unavailable (quota store down); retry later"
-    elif status == 413:
-        message = "the request needs more runtime tokens than its tenant may ever hold"
-    else:
-        message = f"over quota ({result.reason}); retry later"
-    return ApiError(status, message, code=result.reason, headers=headers)
-
-
 # -- async jobs (Prefer: respond-async, or the async degrade path) ----------------------
 def start_async_job(
     gateway: Gateway, call: Call, result: AdmissionResult, tenant: str
@@ -345,7 +339,7 @@ def start_async_job(
         headers={
             "Location": location,
             "X-Request-Id": call.request_id,
-            "X-KVGate-Admission": result.header(),
+            "X-KVGate-Admission": admission_header(result),
         },
     )
 
@@ -353,6 +347,11 @@ def start_async_job(
 async def _run_job(gateway: Gateway, call: Call, result: AdmissionResult, job_id: str) -> None:
     status, body = 500, b""
     try:
+        # async work waits for its turn in the admission queue, never around it
+        result = await gateway.admission.until_admitted(result)
+        gateway.pipeline.accept(call.flow, result)  # the final decision now holds (or not)
+        if result.kind is AdmissionKind.REJECT:
+            raise rejection_error(result)
         assert gateway.proxy is not None
         response = await gateway.proxy.forward(call, None)
         assert isinstance(response, web.Response)

@@ -52,7 +52,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--timeout", type=float, default=120.0, help="per-request seconds")
     parser.add_argument("--drain", type=float, default=None, help="wait for in-flight (s)")
-    parser.add_argument("--ttft-slo", type=float, default=2.0, help="goodput TTFT SLO (s)")
+    parser.add_argument(
+        "--ttft-slo", type=float, default=2.0, help="goodput TTFT SLO (s) of unnamed classes"
+    )
+    parser.add_argument(
+        "--class-slo",
+        action="append",
+        default=[],
+        help="CLASS=SECONDS TTFT SLO for goodput (default interactive=1,batch=30), repeatable",
+    )
     parser.add_argument("--label", default="live", help="row name in the report")
     parser.add_argument("--out", type=Path, default=None, help="write the report here")
     parser.add_argument("--json", action="store_true", help="print the JSON summary")
@@ -185,11 +193,17 @@ async def bench_once(
         await display.stop()
 
 
-def summarize_result(result: BenchResult, slo_ttft_s: float) -> dict[str, Any]:
+def summarize_result(
+    result: BenchResult, slo_ttft_s: float, class_slos: dict[str, float] | None = None
+) -> dict[str, Any]:
     from kvgate.report.summary import summarize
 
     summary = summarize(
-        result.records, duration_s=result.duration_s, slo_ttft_s=slo_ttft_s, issued=result.issued
+        result.records,
+        duration_s=result.duration_s,
+        slo_ttft_s=slo_ttft_s,
+        issued=result.issued,
+        class_slos=class_slos,
     )
     summary["mode"] = result.mode
     summary["error_kinds"] = dict(result.errors)
@@ -211,12 +225,15 @@ def _validate(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvgate.report.summary import parse_class_slos
+
     error = _validate(args)
     if error:
         print(f"kvgate bench: {error}", file=sys.stderr)
         return 2
     try:
         workload = build_workload(args)
+        class_slos = parse_class_slos(args.class_slo)
     except ValueError as exc:
         print(f"kvgate bench: {exc}", file=sys.stderr)
         return 2
@@ -225,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, RuntimeError, aiohttp.ClientError) as exc:
         print(f"kvgate bench: {args.target}: {exc}", file=sys.stderr)
         return 1
-    summary = summarize_result(result, args.ttft_slo)
+    summary = summarize_result(result, args.ttft_slo, class_slos)
     results = {args.label: summary}
     if args.out is not None:
         from kvgate.report.writers import write_report

@@ -270,6 +270,7 @@ async def run_bench(
                 arrival=sent - t0,
                 status="error",
                 http_status=0,
+                priority_class=item.priority_class,
             )
             records.append(rec)  # recorded before it is sent: nothing can be dropped
             prog.issued += 1

@@ -23,3 +23,4 @@ class RequestRecord:
     queued_s: float = 0.0
     admission: str = "admit"  # the X-KVGate-Admission value (or an error code)
     route_reason: str | None = None  # X-KVGate-Route-Reason of the answering attempt
+    priority_class: str = "interactive"  # picks the TTFT SLO that goodput is judged by

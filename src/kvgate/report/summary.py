@@ -10,6 +10,56 @@ from typing import Any
 
 from kvgate.report.records import RequestRecord
 
+# TTFT SLO per priority class (seconds): goodput counts only requests that met theirs
+DEFAULT_CLASS_SLOS: Mapping[str, float] = {"interactive": 1.0, "batch": 30.0}
+
+
+def parse_class_slos(values: Sequence[str]) -> dict[str, float]:
+    """``CLASS=SECONDS`` items (CLI flags) over the defaults; ValueError names the bad one."""
+    out = dict(DEFAULT_CLASS_SLOS)
+    for item in values:
+        for part in item.split(","):
+            name, _, seconds = part.partition("=")
+            try:
+                value = float(seconds)
+            except ValueError:
+                value = -1.0
+            if not name or value <= 0:
+                raise ValueError(f"--class-slo {part!r}: expected CLASS=SECONDS with SECONDS > 0")
+            out[name] = value
+    return out
+
+
+def _goodput(
+    ok: Sequence[RequestRecord],
+    duration_s: float,
+    class_slos: Mapping[str, float],
+    fallback_slo_s: float,
+) -> dict[str, Any]:
+    """Output tokens/s (and req/s) of requests that met their class's TTFT SLO."""
+    tokens: dict[str, float] = defaultdict(float)
+    met = 0
+    p99: dict[str, float | None] = {}
+    by_class: dict[str, list[float]] = defaultdict(list)
+    for r in ok:
+        if r.ttft is None:
+            continue
+        by_class[r.priority_class].append(r.ttft)
+        if r.ttft <= class_slos.get(r.priority_class, fallback_slo_s):
+            tokens[r.priority_class] += r.output_tokens
+            met += 1
+    for name, values in sorted(by_class.items()):
+        p99[name] = percentile(values, 99)
+    return {
+        "goodput_tokens_per_s": sum(tokens.values()) / duration_s,
+        "goodput_rps": met / duration_s,
+        "goodput_tokens_per_s_by_class": {
+            c: tokens.get(c, 0.0) / duration_s for c in sorted(by_class)
+        },
+        "ttft_p99_s_by_class": p99,
+        "class_slo_s": dict(class_slos),
+    }
+
 
 def percentile(values: Sequence[float], q: float) -> float | None:
     """Linear-interpolated percentile (q in 0..100); None for no values."""
@@ -41,7 +91,10 @@ def summarize(
     slo_ttft_s: float = 2.0,
     issued: int | None = None,
     node_ids: Sequence[str] = (),
+    class_slos: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
+    """``slo_ttft_s`` judges classes ``class_slos`` does not name (defaults: interactive
+    1 s, batch 30 s)."""
     ok = [r for r in records if r.status in ("ok", "degraded")]
     ttfts = [r.ttft for r in ok if r.ttft is not None]
     e2es = [r.e2e for r in ok if r.e2e is not None]
@@ -64,7 +117,9 @@ def summarize(
         per_tenant.setdefault(r.tenant, 0.0)
     statuses = Counter(r.status for r in records)
     issued = issued if issued is not None else len(records)
-    good = [r for r in ok if r.ttft is not None and r.ttft <= slo_ttft_s]
+    goodput = _goodput(
+        ok, duration_s, DEFAULT_CLASS_SLOS if class_slos is None else class_slos, slo_ttft_s
+    )
     return {
         "requests": issued,
         "completed": len(ok),
@@ -82,7 +137,7 @@ def summarize(
         "e2e_p99_s": percentile(e2es, 99),
         "throughput_rps": len(ok) / duration_s,
         "output_tokens_per_s": out_tokens / duration_s,
-        "goodput_rps": len(good) / duration_s,
+        **goodput,
         "slo_ttft_s": slo_ttft_s,
         "cache_hit_rate": cached / prompt_tokens if prompt_tokens else None,
         "predicted_hit_rate": expected / prompt_tokens if prompt_tokens else None,
@@ -102,6 +157,7 @@ _COLUMNS = (
     ("E2E p50 (s)", "e2e_p50_s", "{:.2f}"),
     ("req/s", "throughput_rps", "{:.2f}"),
     ("out tok/s", "output_tokens_per_s", "{:.0f}"),
+    ("goodput tok/s", "goodput_tokens_per_s", "{:.0f}"),
     ("goodput req/s", "goodput_rps", "{:.2f}"),
     ("hit rate", "cache_hit_rate", "pct"),
     ("predicted hit", "predicted_hit_rate", "pct"),

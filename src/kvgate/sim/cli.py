@@ -36,7 +36,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-blocks", type=int, default=None, help="KV blocks per node")
     parser.add_argument("--admission", choices=("on", "off"), default="off")
     parser.add_argument("--total-quota", type=int, default=None, help="runtime tokens")
-    parser.add_argument("--ttft-slo", type=float, default=2.0, help="seconds, for goodput")
+    parser.add_argument(
+        "--ttft-slo", type=float, default=2.0, help="seconds; goodput SLO of unnamed classes"
+    )
+    parser.add_argument(
+        "--class-slo",
+        action="append",
+        default=[],
+        help="CLASS=SECONDS TTFT SLO for goodput (default interactive=1,batch=30), repeatable",
+    )
     parser.add_argument(
         "--event", action="append", default=[], help="KIND:TIME:NODE (join|fail|flush)"
     )
@@ -63,6 +71,9 @@ def build(args: argparse.Namespace) -> tuple[Any, SimConfig, list[str]]:
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not policies:
         raise ValueError("--policies: name at least one policy")
+    from kvgate.report.summary import parse_class_slos
+
+    class_slos = parse_class_slos(args.class_slo)
     workload = generate_at_load(
         args.workload, args.load, seed=args.seed, requests=args.requests, rate=args.rate
     )
@@ -74,6 +85,7 @@ def build(args: argparse.Namespace) -> tuple[Any, SimConfig, list[str]]:
         total_quota=args.total_quota,
         seed=args.seed,
         slo_ttft_s=args.ttft_slo,
+        class_slos=class_slos,
         events=[parse_event(e) for e in args.event],
         flags=_flags(args.flag),
         degrade_modes={"batch": "low_priority"} if args.admission == "on" else {},

@@ -50,6 +50,7 @@ from kvgate.pipeline import (
     engine_kv_tokens,
     resolve_model,
 )
+from kvgate.pipeline.outcomes import admission_summary, reject_status
 from kvgate.pipeline.virtual import VirtualAdmission
 from kvgate.report import RequestRecord, summarize
 from kvgate.routing.config import RoutingConfig
@@ -60,7 +61,7 @@ from kvgate.routing.router import Router
 from kvgate.sim.events import ClusterEvent
 from kvgate.sim.reference_policies import OraclePolicy, SmgApproxPolicy
 from kvgate.store import open_store
-from kvgate.types import AdmissionKind, AdmissionRequest, AdmissionResult, NodeSpec
+from kvgate.types import AdmissionKind, AdmissionRequest, NodeSpec
 from kvgate.workloads import PromptCache, WorkItem, Workload
 from kvgate.workloads.base import TokenizedPrompt
 
@@ -78,6 +79,7 @@ class SimConfig:
     scrape_interval_s: float = 3.0
     sample_interval_s: float = 5.0
     slo_ttft_s: float = 2.0
+    class_slos: dict[str, float] | None = None  # per class TTFT SLO for goodput
     max_retries: int = 2
     events: list[ClusterEvent] = field(default_factory=list)
     flags: dict[str, bool] = field(default_factory=dict)
@@ -276,7 +278,13 @@ class ClusterSim:
     def _arrive(self, item: WorkItem, now: float) -> None:
         prompt = self.cache.prompt(item)
         record = RequestRecord(
-            item.request_id, item.tenant, None, now, "ok", prompt_tokens=prompt.prompt_tokens
+            item.request_id,
+            item.tenant,
+            None,
+            now,
+            "ok",
+            prompt_tokens=prompt.prompt_tokens,
+            priority_class=item.priority_class,
         )
         try:
             model = resolve_model(item.model, (self.config.model,))
@@ -311,16 +319,16 @@ class ClusterSim:
             self._dispatch(live, now)
             return
         result = run_now(self.pipeline.admit(flow))
-        record.admission = result.header()
+        record.admission = admission_summary(result)
         if result.kind == AdmissionKind.ADMIT:
             self._dispatch(live, now)
-        elif result.kind == AdmissionKind.DEGRADE:
+        elif result.kind == AdmissionKind.DEGRADE and result.degrade_to != "async":
             record.status = "degraded"
             self._dispatch(live, now)
-        elif result.kind == AdmissionKind.QUEUE:
+        elif result.kind in (AdmissionKind.QUEUE, AdmissionKind.DEGRADE):  # async waits too
             self._push(result.ticket.deadline, _DEADLINE)
         else:
-            self._resolve(live, "rejected", _reject_status(result), result.header())
+            self._resolve(live, "rejected", reject_status(result), admission_summary(result))
 
     def _dispatch(self, live: _Live, now: float) -> None:
         flow = live.flow
@@ -395,7 +403,7 @@ class ClusterSim:
             return
         self.pipeline.accept(live.flow, item.outcome)
         live.record.queued_s = item.outcome.queued_seconds
-        live.record.admission = item.outcome.header()
+        live.record.admission = admission_summary(item.outcome)
         self._dispatch(live, self.clock.now())
 
     def _expire(self, now: float) -> None:
@@ -405,7 +413,9 @@ class ClusterSim:
             if live is not None:
                 self.pipeline.accept(live.flow, item.outcome)
                 live.record.queued_s = item.outcome.queued_seconds
-                self._resolve(live, "rejected", 408, item.outcome.header())
+                self._resolve(
+                    live, "rejected", reject_status(item.outcome), admission_summary(item.outcome)
+                )
 
     # -- re-admission probes of ejected nodes ------------------------------------------
     def _schedule_probe(self) -> None:
@@ -559,6 +569,7 @@ class ClusterSim:
             duration_s=virtual,
             slo_ttft_s=self.config.slo_ttft_s,
             issued=total,
+            class_slos=self.config.class_slos,
             node_ids=list(self.engines),
         )
         truth = {"prefix_queries": 0, "prefix_hits": 0, "preemptions": 0}
@@ -596,8 +607,3 @@ def run_comparison(
 ) -> dict[str, SimResult]:
     """Every policy on the identical request stream."""
     return {p: ClusterSim(workload, config, p).run() for p in policies}
-
-
-def _reject_status(result: AdmissionResult) -> int:
-    """The HTTP status the gateway answers a rejection with (recorded for reports)."""
-    return result.status

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from kvgate.flags import FLAG_NAMES, UnknownFlag
 from kvgate.gateway.app import GATEWAY, Gateway
 from kvgate.gateway.auth import check_admin
+from kvgate.gateway.body import read_json_object
 from kvgate.gateway.config import NodeConfig, format_validation_error
 from kvgate.gateway.errors import ApiError
 from kvgate.gateway.summary import build_summary, node_rows
@@ -46,12 +47,7 @@ def _admin(request: web.Request, *, allow_query: bool = False) -> Gateway:
 
 
 async def _json_object(request: web.Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except ValueError:
-        raise ApiError(400, "request body is not valid JSON", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object", code="invalid_json")
+    body, _ = await read_json_object(request, request.app[GATEWAY].config.server.max_body_bytes)
     return body
 
 

@@ -18,7 +18,7 @@ from kvgate.admission.tenants import TenantDirectory
 from kvgate.clock import Clock, SystemClock
 from kvgate.flags import Flags
 from kvgate.gateway.config import GatewayConfig
-from kvgate.gateway.errors import error_middleware
+from kvgate.gateway.errors import error_middleware, guard_edges
 from kvgate.gateway.logs import access_middleware
 from kvgate.gateway.metrics import GatewayMetrics
 from kvgate.gateway.proxy import Proxy
@@ -242,6 +242,7 @@ def create_app(
     app[GATEWAY] = gateway
     handlers.add_routes(app)
     admin.add_routes(app)
+    guard_edges(app)
 
     async def lifecycle(_: web.Application) -> AsyncIterator[None]:
         await gateway.start()

@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from kvgate.admission.tenants import PriorityNotAllowed
 from kvgate.gateway.app import GATEWAY, Gateway
 from kvgate.gateway.auth import bearer_token
+from kvgate.gateway.body import read_json_object, validate_generation
 from kvgate.gateway.errors import ApiError
 from kvgate.gateway.logs import request_log
 from kvgate.gateway.proxy import Call
@@ -191,8 +192,8 @@ async def generate(request: web.Request, endpoint: str) -> web.StreamResponse:
     request_id = request.headers.get("X-Request-Id") or f"req-{uuid.uuid4().hex[:16]}"
     entry = request_log(request)
     entry.request_id = request_id
-    body, raw = await read_json_body(request, gateway.config.server.max_body_bytes)
-    validate_body(body, endpoint)
+    body, raw = await read_json_object(request, gateway.config.server.max_body_bytes)
+    validate_generation(body, endpoint)
     tenant = identify_tenant(gateway, request)
     entry.tenant = tenant.name
     try:

@@ -99,7 +99,9 @@ class StoreHealthCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily(
-            "kvgate_store_up", "1 if the store backend is up", labels=["backend"]
+            "kvgate_store_backend_up",
+            "1 if the store backend is up (with hysteresis)",
+            labels=["backend"],
         )
         flips = CounterMetricFamily(
             "kvgate_store_transitions",

@@ -12,10 +12,12 @@ from pydantic import ValidationError
 
 from kvgate.flags import FLAG_NAMES, UnknownFlag
 from kvgate.gateway.auth import check_admin
+from kvgate.gateway.body import read_json_object
 from kvgate.gateway.config import NodeConfig, format_validation_error
 from kvgate.gateway.errors import ApiError
 from kvgate.gateway.gateway import GATEWAY, Gateway
 from kvgate.gateway.summary import build_summary, node_rows
+from kvgate.store.base import StoreUnavailable
 from kvgate.store.keys import flag_key
 from kvgate.types import NodeState
 
@@ -46,12 +48,7 @@ def _admin(request: web.Request, *, allow_query: bool = False) -> Gateway:
 
 
 async def _json_object(request: web.Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except ValueError:
-        raise ApiError(400, "request body is not valid JSON", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object", code="invalid_json")
+    body, _ = await read_json_object(request, request.app[GATEWAY].config.server.max_body_bytes)
     return body
 
 
@@ -121,15 +118,31 @@ async def set_flags(request: web.Request) -> web.Response:
             raise ApiError(
                 400, f"flag {name!r} must be true or false", param=name, code="invalid_value"
             )
+    # the store first: a switch that cannot reach the store is refused (503), never
+    # applied here only, where replicas sharing the store would silently disagree
+    written: list[str] = []
+    for name, value in body.items():
+        try:
+            await gateway.store.put(flag_key(name), "on" if value else "off")
+        except (StoreUnavailable, ConnectionError, OSError):
+            gateway.metrics.registry_events.labels("flag_write_refused").inc()
+            for done in written:  # already in the store: every replica applies them
+                gateway.flags.set(done, body[done])
+            raise ApiError(
+                503,
+                f"state store unavailable: flag {name!r} not written"
+                + (f" (written: {', '.join(written)})" if written else "")
+                + "; nothing else changed, retry later",
+                code="store_unavailable",
+                param=name,
+                headers={"Retry-After": "1"},
+            ) from None
+        written.append(name)
     for name, value in body.items():
         try:
             gateway.flags.set(name, value)
         except UnknownFlag as exc:  # pragma: no cover - checked above
             raise ApiError(400, str(exc), param=name, code="unknown_flag") from None
-        try:
-            await gateway.store.put(flag_key(name), "on" if value else "off")
-        except Exception:  # the local switch already applies; replicas catch up later
-            gateway.metrics.registry_events.labels("flag_write_failed").inc()
     return web.json_response({"flags": gateway.flags.as_dict()})
 
 

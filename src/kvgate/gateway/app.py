@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 from kvgate.clock import Clock
 from kvgate.gateway import admin, handlers
 from kvgate.gateway.config import GatewayConfig
-from kvgate.gateway.errors import error_middleware
+from kvgate.gateway.errors import error_middleware, guard_edges
 from kvgate.gateway.gateway import GATEWAY, Gateway
 from kvgate.gateway.logs import access_middleware
 from kvgate.store.base import KVStore
@@ -31,6 +31,7 @@ def create_app(
     app[GATEWAY] = gateway
     handlers.add_routes(app)
     admin.add_routes(app)
+    guard_edges(app)
 
     async def lifecycle(_: web.Application) -> AsyncIterator[None]:
         await gateway.start()

@@ -31,6 +31,7 @@ from kvgate.routing.node_view import NodeView
 from kvgate.routing.router import Router
 from kvgate.store import open_store
 from kvgate.store.base import KVStore
+from kvgate.store.health import StoreHealthCollector
 from kvgate.types import NodeSpec
 
 log = logging.getLogger("kvgate.gateway")
@@ -58,6 +59,7 @@ class Gateway:
         self.flags = Flags(config.flags)
         self._owns_store = store is None
         self.store: KVStore = store if store is not None else open_store(config.store)
+        self.registry.register(StoreHealthCollector(self.store.healths))
         self.nodes = NodeView(self.clock, config.routing)
         self.router = Router(
             config.routing, self.nodes, flags=self.flags, clock=self.clock, registry=self.registry

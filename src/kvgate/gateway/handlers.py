@@ -25,6 +25,7 @@ from kvgate.gateway.admission_http import (
     rejection_error,
 )
 from kvgate.gateway.auth import bearer_token
+from kvgate.gateway.body import read_json_object, validate_generation
 from kvgate.gateway.errors import ApiError
 from kvgate.gateway.gateway import GATEWAY, Gateway
 from kvgate.gateway.logs import request_log
@@ -93,51 +94,6 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 # -- request parsing --------------------------------------------------------------------
-async def read_json_body(request: web.Request, limit: int) -> tuple[dict[str, Any], bytes]:
-    if request.content_length is not None and request.content_length > limit:
-        raise ApiError(
-            413,
-            f"request body is {request.content_length} bytes; the limit is {limit}",
-            code="body_too_large",
-        )
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise ApiError(
-            413, f"request body exceeds the limit of {limit} bytes", code="body_too_large"
-        ) from None
-    if not raw:
-        raise ApiError(400, "request body is empty; send a JSON object", code="invalid_json")
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object", code="invalid_json")
-    return body, raw
-
-
-def validate_body(body: dict[str, Any], endpoint: str) -> None:
-    required = "messages" if endpoint == "chat" else "prompt"
-    if required not in body:
-        raise ApiError(
-            400, f"missing required field '{required}'", param=required, code="missing_field"
-        )
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise ApiError(400, "'model' must be a string", param="model", code="invalid_type")
-    if "stream" in body and not isinstance(body["stream"], bool):
-        raise ApiError(400, "'stream' must be a boolean", param="stream", code="invalid_type")
-    for name in ("max_tokens", "max_completion_tokens"):
-        value = body.get(name)
-        if value is not None and (
-            not isinstance(value, int) or isinstance(value, bool) or value < 1
-        ):
-            raise ApiError(
-                400, f"'{name}' must be a positive integer", param=name, code="invalid_value"
-            )
-
-
 def _prompt_error(exc: PromptError) -> ApiError:
     text = str(exc)
     param = text.split(" ", 1)[0] if text else None
@@ -238,8 +194,8 @@ async def _generate(
     entry: Any,
     flows: list[Flow],
 ) -> web.StreamResponse:
-    body, raw = await read_json_body(request, gateway.config.server.max_body_bytes)
-    validate_body(body, endpoint)
+    body, raw = await read_json_object(request, gateway.config.server.max_body_bytes)
+    validate_generation(body, endpoint)
     tenant = identify_tenant(gateway, request)
     entry.tenant = tenant.name
     try:  # the key decides the class and priority range; a header only picks within it

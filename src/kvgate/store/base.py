@@ -15,6 +15,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvgate.store.health import StoreHealth
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,3 +51,7 @@ class KVStore(ABC):
 
     async def close(self) -> None:
         return None
+
+    def healths(self) -> list[StoreHealth]:
+        """Up/down state of each server behind this store (none for in-process stores)."""
+        return []

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Mapping
 
 from kvgate.store import ReserveLimits, ReserveOutcome, Store
 from kvgate.store.base import KVStore, WatchEvent
+from kvgate.store.health import StoreHealth
 
 
 class CompositeStore(Store):
@@ -33,6 +34,9 @@ class CompositeStore(Store):
     async def close(self) -> None:
         await self.counters.close()
         await self.config.close()
+
+    def healths(self) -> list[StoreHealth]:
+        return self.counters.healths() + self.config.healths()
 
     async def set_guarantees(self, guarantees: Mapping[str, int]) -> None:
         await self.counters.set_guarantees(guarantees)

@@ -20,9 +20,11 @@ import aetcd.exceptions
 
 from kvgate.store import ReserveLimits, ReserveOutcome, Store
 from kvgate.store.base import StoreUnavailable, WatchEvent
+from kvgate.store.health import StoreHealth
 from kvgate.store.memory import MemoryStore
 
 T = TypeVar("T")
+PROBE_KEY = b"/kvgate/.probe"
 _ERRORS = (aetcd.exceptions.ClientError, ConnectionError, OSError, TimeoutError)
 
 
@@ -39,6 +41,7 @@ class EtcdStore(Store):
         self._revision = 0  # newest etcd revision seen
         self._loop: asyncio.AbstractEventLoop | None = None
         self._counters = MemoryStore()
+        self.health = StoreHealth("etcd", url)
 
     async def _connected(self) -> aetcd.Client:
         loop = asyncio.get_running_loop()
@@ -62,10 +65,19 @@ class EtcdStore(Store):
         return client
 
     async def _call(self, fn: Callable[[aetcd.Client], Awaitable[T]]) -> T:
+        await self.health.check(self._probe)
         try:
             return await fn(await self._connected())
         except _ERRORS as exc:
+            self.health.failed(exc)
             raise StoreUnavailable(f"etcd at {self.url}: {exc}") from exc
+
+    async def _probe(self) -> None:
+        client = await self._connected()
+        await client.get(PROBE_KEY)
+
+    def healths(self) -> list[StoreHealth]:
+        return [self.health]
 
     # -- key/value half ----------------------------------------------------------------
     async def get(self, key: str) -> str | None:
@@ -102,6 +114,7 @@ class EtcdStore(Store):
             start = self._revision + 1 if self._revision else None
             watch = await client.watch_prefix(prefix.encode(), start_revision=start)
         except _ERRORS as exc:
+            self.health.failed(exc)
             raise StoreUnavailable(f"etcd watch at {self.url}: {exc}") from exc
         try:
             async for event in watch:
@@ -110,6 +123,7 @@ class EtcdStore(Store):
                 self._revision = max(self._revision, event.kv.mod_revision)
                 yield WatchEvent(event.kv.key.decode(), value)
         except _ERRORS as exc:
+            self.health.failed(exc)
             raise StoreUnavailable(f"etcd watch at {self.url}: {exc}") from exc
         finally:
             cancel = getattr(watch, "cancel", None)

@@ -1,11 +1,9 @@
 -- Grow a held reservation with no limit check (the stream is already flowing).
--- KEYS: used hash, gateway hash, gateways set, gateway lease. ARGV: tenant, delta, gateway id, ttl ms
+-- Fenced: -1 when the caller's lease is gone (it re-registers what it holds instead).
+-- KEYS: used hash, gateway hash, gateway lease. ARGV: tenant, delta, lease epoch
+if redis.call('GET', KEYS[3]) ~= ARGV[3] then return -1 end
 local delta = tonumber(ARGV[2])
 if delta <= 0 then return 0 end
 redis.call('HINCRBY', KEYS[1], ARGV[1], delta)
 redis.call('HINCRBY', KEYS[2], ARGV[1], delta)
-redis.call('SADD', KEYS[3], ARGV[3])
-if redis.call('EXISTS', KEYS[4]) == 0 then
-  redis.call('SET', KEYS[4], '1', 'PX', ARGV[4])
-end
 return delta

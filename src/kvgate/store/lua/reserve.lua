@@ -1,8 +1,11 @@
 -- Atomic check-and-increment of a reservation against limits computed in Python
--- (kvgate.admission.quota); mirrors kvgate.store.check_reserve.
+-- (kvgate.admission.quota); mirrors kvgate.store.check_reserve. Fenced: it only counts
+-- under the caller's current lease (KEYS[5] holds the lease's epoch token); otherwise it
+-- answers 'lease_lost' and the caller re-registers what it holds before it retries.
 -- KEYS: used hash, guaranteed hash, gateway hash, gateways set, gateway lease
 -- ARGV: tenant, tokens, total, tenant_cap, guaranteed, elastic_pool, tenant_elastic_limit,
---       gateway id, lease ttl ms
+--       gateway id, lease epoch
+if redis.call('GET', KEYS[5]) ~= ARGV[9] then return {0, 'lease_lost'} end
 local tenant = ARGV[1]
 local n = tonumber(ARGV[2])
 local total, cap, g = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -36,7 +39,4 @@ end
 redis.call('HINCRBY', KEYS[1], tenant, n)
 redis.call('HINCRBY', KEYS[3], tenant, n)
 redis.call('SADD', KEYS[4], ARGV[8])
-if redis.call('EXISTS', KEYS[5]) == 0 then
-  redis.call('SET', KEYS[5], '1', 'PX', ARGV[9])
-end
 return {1, reason}

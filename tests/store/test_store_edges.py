@@ -1,0 +1,126 @@
+"""Store edges on a real Redis: fenced leases, re-registration, outages and hysteresis."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from kvgate.store import ReserveLimits, StoreUnavailable
+from kvgate.store.redis_store import RedisStore
+
+LIMITS = ReserveLimits(
+    total=10_000, tenant_cap=10_000, guaranteed=0, elastic_pool=10_000, tenant_elastic_limit=10_000
+)
+
+
+def redis_store(server: Any) -> RedisStore:
+    return RedisStore(server.url, recover_after_s=0.3, probe_interval_s=0.05)
+
+
+async def test_a_reaped_gateway_re_registers_what_it_holds_before_writing(
+    fresh_redis_server: Any,
+) -> None:
+    frozen, other = redis_store(fresh_redis_server), redis_store(fresh_redis_server)
+    try:
+        await frozen.heartbeat("frozen", 0.3)
+        await other.heartbeat("other", 30)
+        assert (await frozen.reserve("frozen", "a", 100, LIMITS)).ok
+        assert (await frozen.reserve("frozen", "b", 50, LIMITS)).ok
+        await asyncio.sleep(0.45)  # "frozen" misses its heartbeats: the lease expires
+        assert await other.reap() == 150
+        assert await other.usage() == {}
+        assert not await frozen.has_lease("frozen")
+        # its next write finds the lease gone: what it still holds is counted again
+        await frozen.adjust("frozen", "a", 10)
+        assert await other.usage() == {"a": 110, "b": 50}
+        assert await frozen.has_lease("frozen")
+        assert frozen.health.lease_reacquired == {"lease_lost": 1}
+        assert frozen.health.fenced_ops == 1
+        # and the stale lease token can never write again
+        await frozen.release("frozen", "b", 50)
+        assert await other.usage() == {"a": 110}
+    finally:
+        await frozen.close()
+        await other.close()
+
+
+async def test_reserve_after_the_lease_was_reaped_counts_old_and_new(
+    fresh_redis_server: Any,
+) -> None:
+    store, reaper = redis_store(fresh_redis_server), redis_store(fresh_redis_server)
+    try:
+        await store.heartbeat("g", 0.2)
+        assert (await store.reserve("g", "a", 100, LIMITS)).ok
+        await asyncio.sleep(0.3)
+        assert await reaper.reap() == 100
+        # the next reservation first re-registers the 100 still running, then checks limits
+        tight = ReserveLimits(150, 10_000, 0, 10_000, 10_000)
+        refused = await store.reserve("g", "a", 100, tight)
+        assert (refused.ok, refused.reason) == (False, "total")
+        assert await reaper.usage() == {"a": 100}
+        assert (await store.reserve("g", "a", 50, tight)).ok
+        assert await reaper.usage() == {"a": 150}
+    finally:
+        await store.close()
+        await reaper.close()
+
+
+async def test_heartbeat_re_registers_after_a_redis_restart(fresh_redis_server: Any) -> None:
+    store = redis_store(fresh_redis_server)
+    try:
+        await store.heartbeat("g", 30)
+        assert (await store.reserve("g", "a", 300, LIMITS)).ok
+        fresh_redis_server.stop()
+        with pytest.raises(StoreUnavailable):
+            await store.usage()
+        # a release while Redis is away is kept and reconciled, not lost or replayed twice
+        await store.release("g", "a", 100)
+        fresh_redis_server.start()  # empty: no persistence
+        await wait_up(store)
+        await store.heartbeat("g", 30)
+        assert await store.usage() == {"a": 200}
+        assert store.health.transitions == {"down": 1, "up": 1}
+        assert store.health.lease_reacquired == {"reconcile": 1}
+    finally:
+        await store.close()
+
+
+async def test_one_outage_is_one_down_and_one_up_transition(fresh_redis_server: Any) -> None:
+    store = redis_store(fresh_redis_server)
+    try:
+        await store.heartbeat("g", 30)
+        # many connections in the pool, all of which break with the restart
+        await asyncio.gather(*(store.reserve("g", "a", 1, LIMITS) for _ in range(20)))
+        fresh_redis_server.stop()
+        fresh_redis_server.start()
+        results = await asyncio.gather(
+            *(store.reserve("g", "a", 1, LIMITS) for _ in range(20)), return_exceptions=True
+        )
+        assert any(isinstance(r, StoreUnavailable) for r in results)
+        # while recovering, calls fail at once without flapping the state
+        seen = []
+        for _ in range(40):
+            try:
+                await store.usage()
+                seen.append(True)
+            except StoreUnavailable:
+                seen.append(False)
+            await asyncio.sleep(0.02)
+        assert seen[-1] and seen == sorted(seen)  # down ... down, then up for good
+        assert store.health.transitions == {"down": 1, "up": 1}
+    finally:
+        await store.close()
+
+
+async def wait_up(store: RedisStore, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            await store.usage()
+            return
+        except StoreUnavailable:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.02)

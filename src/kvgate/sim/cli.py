@@ -13,8 +13,6 @@ from kvgate.sim.cluster import SimConfig, SimResult, run_comparison
 from kvgate.sim.events import parse_event
 from kvgate.workloads import WORKLOAD_NAMES, generate_workload
 
-SUMMARY_KEYS_PRINTED = ("requests", "completed", "lost", "cache_hit_rate", "ttft_p50_s")
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default="shared-prefix", choices=WORKLOAD_NAMES)

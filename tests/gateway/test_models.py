@@ -63,12 +63,15 @@ async def test_errors_carry_the_headers_known_when_they_happen() -> None:
             "nodes": [{"id": "e0", "url": started[0].url}],
             "admission": {"tenants": [{"name": "default", "hard_cap": 10}]},
         }
-        async with running_gateway(cfg) as gw, aiohttp.ClientSession() as s:
-            async with s.post(gw.url + "/v1/chat/completions", json=chat("default")) as r:
-                assert r.status == 413  # more than the tenant may ever hold
-                assert r.headers["X-KVGate-Admission"].startswith("reject; reason=too_large")
-                assert r.headers["X-Request-Id"].startswith("req-")
-                assert "X-KVGate-Node" not in r.headers  # never routed
+        async with (
+            running_gateway(cfg) as gw,
+            aiohttp.ClientSession() as s,
+            s.post(gw.url + "/v1/chat/completions", json=chat("default")) as r,
+        ):
+            assert r.status == 413  # more than the tenant may ever hold
+            assert r.headers["X-KVGate-Admission"].startswith("reject; reason=too_large")
+            assert r.headers["X-Request-Id"].startswith("req-")
+            assert "X-KVGate-Node" not in r.headers  # never routed
     with engines(1) as started:
         cfg = {"nodes": [{"id": "e0", "url": started[0].url}], "flags": {"retries": False}}
         async with running_gateway(cfg) as gw, aiohttp.ClientSession() as s:

@@ -7,7 +7,7 @@ controller and the simulator read the same ``Flags`` object.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 
@@ -49,11 +49,10 @@ class UnknownFlag(KeyError):
 
 
 class Flags(Mapping[str, bool]):
-    """Current flag values; changes are pushed to subscribers."""
+    """Current flag values."""
 
     def __init__(self, overrides: Mapping[str, bool] | None = None) -> None:
         self._values = {s.name: s.default for s in FLAG_SPECS}
-        self._listeners: list[Callable[[str, bool], None]] = []
         for name, value in (overrides or {}).items():
             self.set(name, value)
 
@@ -75,14 +74,7 @@ class Flags(Mapping[str, bool]):
     def set(self, name: str, value: bool) -> None:
         if name not in FLAG_NAMES:
             raise UnknownFlag(f"unknown flag {name!r}; known: {', '.join(sorted(FLAG_NAMES))}")
-        changed = self._values[name] != bool(value)
         self._values[name] = bool(value)
-        if changed:
-            for listener in list(self._listeners):
-                listener(name, bool(value))
-
-    def subscribe(self, listener: Callable[[str, bool], None]) -> None:
-        self._listeners.append(listener)
 
     def as_dict(self) -> dict[str, bool]:
         return dict(self._values)

@@ -388,6 +388,3 @@ class EngineCore:
             aborted=c.aborted,
             steps=self._steps,
         )
-
-    def request_state(self, request_id: str) -> Sequence | None:
-        return self._seqs.get(request_id)

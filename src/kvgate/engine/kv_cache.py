@@ -231,6 +231,3 @@ class KVCacheManager:
         table = self.tables.pop(request_id, None)
         if table:
             self.pool.free(table)
-
-    def num_blocks_of(self, request_id: str) -> int:
-        return len(self.tables.get(request_id, ()))

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 from pydantic import ValidationError
 
+from kvgate.dashboard import INDEX_HTML
 from kvgate.flags import FLAG_NAMES, UnknownFlag
 from kvgate.gateway.auth import check_admin
 from kvgate.gateway.body import read_json_object
@@ -20,8 +20,6 @@ from kvgate.gateway.summary import build_summary, node_rows
 from kvgate.store.base import StoreUnavailable
 from kvgate.store.keys import flag_key
 from kvgate.types import NodeState
-
-DASHBOARD_FILE = Path(__file__).resolve().parent.parent / "dashboard" / "static" / "index.html"
 
 
 def add_routes(app: web.Application) -> None:
@@ -166,9 +164,9 @@ async def get_config(request: web.Request) -> web.Response:
 
 async def dashboard(request: web.Request) -> web.StreamResponse:
     _admin(request, allow_query=True)
-    if not DASHBOARD_FILE.is_file():
+    if not INDEX_HTML.is_file():
         raise ApiError(404, "dashboard not installed", code="not_found")
-    return web.FileResponse(DASHBOARD_FILE, headers={"Cache-Control": "no-cache"})
+    return web.FileResponse(INDEX_HTML, headers={"Cache-Control": "no-cache"})
 
 
 def _dumps(value: Any) -> str:

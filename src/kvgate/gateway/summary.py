@@ -36,6 +36,7 @@ def node_rows(gateway: Gateway) -> list[dict[str, Any]]:
     per_node = routing.get("nodes", {}) if isinstance(routing, dict) else {}
     if isinstance(per_node, list):
         per_node = {row.get("node_id"): row for row in per_node if isinstance(row, dict)}
+    ejected = gateway.pipeline.outlier.snapshot(now)  # passive failure detection
     rows = []
     for node_id, spec in sorted(gateway.specs.items()):
         node = gateway.nodes.get(node_id)
@@ -50,6 +51,7 @@ def node_rows(gateway: Gateway) -> list[dict[str, Any]]:
                 "pool": spec.pool,
                 "engine_type": spec.engine_type,
                 "source": gateway.sources.get(node_id),
+                "outlier": ejected.get(node_id),  # {state: ejected|probing, reason, …} or None
                 "state": getattr(state, "value", state) or info.get("state"),
                 "running": _num(getattr(report, "running", None)),
                 "waiting": _num(getattr(report, "waiting", None)),

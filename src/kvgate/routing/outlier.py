@@ -62,7 +62,7 @@ class OutlierDetector:
         self._nodes: dict[str, _NodeHealth] = {}
         self.ejections_total = Counter(
             "kvgate_outlier_ejections",
-            "Nodes ejected by passive failure detection, by node and reason",
+            "Nodes taken out of rotation by passive failure detection, by node and reason",
             ["node", "reason"],
             registry=registry,
         )
@@ -111,6 +111,7 @@ class OutlierDetector:
             tripped = h.http_failures >= self.config.consecutive_5xx
         if not tripped or not self._enabled():
             return False
+        self.ejections_total.labels(node_id, kind).inc()
         self._eject(node_id, h, kind, now)
         return True
 
@@ -121,7 +122,6 @@ class OutlierDetector:
         h.reason = reason
         h.probing = False
         h.connect_failures = h.http_failures = 0
-        self.ejections_total.labels(node_id, reason).inc()
         log.warning(
             "node %s ejected (%s, ejection #%d): next probe in %.1fs",
             node_id,

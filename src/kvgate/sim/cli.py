@@ -14,8 +14,6 @@ from kvgate.sim.events import parse_event
 from kvgate.workloads import WORKLOAD_NAMES
 from kvgate.workloads.catalog import LOADS, generate_at_load
 
-SUMMARY_KEYS_PRINTED = ("requests", "completed", "lost", "cache_hit_rate", "ttft_p50_s")
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default="shared-prefix", choices=WORKLOAD_NAMES)

@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from kvgate.adapters.base import (
     GENERATION_TOKENS,
     PREEMPTIONS,
@@ -157,6 +159,7 @@ class ClusterSim:
                 self.admission, self.admission.store, capacity=self._live_capacity
             )
             virtual = VirtualAdmission(self.admission, self.clock, self._admit_queued)
+        self.registry = CollectorRegistry()  # the pipeline's metrics, as the gateway exports them
         self.pipeline = RequestPipeline(
             router=self.router,
             admission=virtual,
@@ -165,6 +168,7 @@ class ClusterSim:
             max_retries=config.max_retries,
             config=config.pipeline,
             economy_pool=economy_pool,
+            registry=self.registry,
         )
         self._probe_at: float | None = None
         self.cache = PromptCache()

@@ -24,8 +24,6 @@ from kvgate.routing.cold_boost import cold_boost
 from kvgate.routing.config import RoutingConfig
 from kvgate.types import NodeReport, NodeSpec, NodeState
 
-ROUTABLE = frozenset({NodeState.HEALTHY, NodeState.BACKOFF, NodeState.REREGISTER})
-
 
 class UnknownNode(KeyError):
     pass

@@ -72,10 +72,10 @@ def checks(cell: dict[str, Any]) -> list[str]:
     if h and s:
         if h["cache_hit_rate"] < s["cache_hit_rate"]:
             out.append(
-                f"{where}: hybrid hit {h['cache_hit_rate']:.1%} < smg {s['cache_hit_rate']:.1%}"
+                f"{where}: hybrid hit {h['cache_hit_rate']:.2%} < smg {s['cache_hit_rate']:.2%}"
             )
         if h["ttft_p90_s"] > s["ttft_p90_s"]:
-            out.append(f"{where}: hybrid p90 {h['ttft_p90_s']:.3f} > smg {s['ttft_p90_s']:.3f}")
+            out.append(f"{where}: hybrid p90 {h['ttft_p90_s']:.4f} > smg {s['ttft_p90_s']:.4f}")
         if h["node_load_cv"] > s["node_load_cv"]:
             out.append(f"{where}: hybrid CV {h['node_load_cv']:.2f} > smg {s['node_load_cv']:.2f}")
     if "oracle" in r:
@@ -83,7 +83,7 @@ def checks(cell: dict[str, Any]) -> list[str]:
         if r["oracle"]["ttft_p90_s"] > best * (1 + NOISE):
             who = min(r, key=lambda p: r[p]["ttft_p90_s"])
             out.append(
-                f"{where}: oracle p90 {r['oracle']['ttft_p90_s']:.3f} > {who} {best:.3f} (+1%)"
+                f"{where}: oracle p90 {r['oracle']['ttft_p90_s']:.4f} > {who} {best:.4f} (+1%)"
             )
     rr = r.get("round_robin")
     if h and rr and cell["load"] == "high":

@@ -428,3 +428,45 @@ def test_no_nodes_at_all(cluster_factory: Factory) -> None:
         c.router.route(group_request(1, "a"))
     text = generate_latest(c.router.metrics.registry).decode()
     assert 'kvgate_route_no_node_total{policy="hybrid"} 1.0' in text
+
+
+def test_filters_compose_from_config(cluster_factory: Factory) -> None:
+    with pytest.raises(ValueError, match="filters: unknown nope"):
+        cluster_factory(filters=["state", "nope"])
+    strict = cluster_factory(n=0)
+    strict.nodes.add_node(NodeSpec("other", "http://other", model="other-model"))
+    req = group_request(1, "q")  # asks for model "m"
+    with pytest.raises(NoNodeAvailable, match="model=1"):
+        strict.router.route(req)
+    lax = cluster_factory(n=0, filters=["state"])
+    lax.nodes.add_node(NodeSpec("other", "http://other", model="other-model"))
+    assert lax.router.route(req).node_id == "other"  # the model filter is not configured
+
+
+def test_router_takes_another_cache_signal(cluster_factory: Factory) -> None:
+    from kvgate.routing import PrefixIndex, Router
+
+    c = cluster_factory()
+    precise = PrefixIndex()  # e.g. fed by engine KV events instead of routed requests
+    router = Router(c.config, c.nodes, flags=c.flags, clock=c.clock, cache_signal=precise)
+    seen = group_request(2, "seen").block_hashes  # the group's 32-block prefix + a tail
+    router.index.record("n1", seen, c.clock.now())  # the guess says n1 ...
+    precise.record("n3", seen, c.clock.now())  # ... the engine says n3
+    d = router.route(group_request(2, "q"))
+    assert (d.node_id, d.reason, d.expected_cached_tokens) == ("n3", "prefix_match", 512)
+
+
+def test_new_prefixes_are_placed_evenly(cluster_factory: Factory) -> None:
+    c = cluster_factory(n=4)
+    placed: Counter[str] = Counter()
+    for group in range(12):  # all in flight at once: nothing completes
+        req = group_request(group, f"first{group}")
+        d = c.router.route(req)
+        c.router.on_dispatch(req, d)
+        placed[d.node_id] += 1
+        c.clock.advance(1.0)  # each prefill drains before the next prefix arrives
+    assert sorted(placed.values()) == [3, 3, 3, 3]
+    # and each group's next request follows its prefix, not the balance
+    for group in range(12):
+        d = c.router.route(group_request(group, f"next{group}"))
+        assert d.reason == "prefix_match"

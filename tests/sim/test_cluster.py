@@ -167,3 +167,28 @@ def test_dynamic_quota_loop_runs_in_virtual_time() -> None:
     off = ClusterSim(workload, off_cfg, "hybrid").run().summary
     assert off["quota_adjustments"] == 0 and off["quota_total_final"] == 20_000
     assert on["completed"] >= off["completed"]
+
+
+ROUTING_WORKLOADS = ("shared-prefix", "tenant-prefix", "multi-turn", "tool-agent", "hot-prefix")
+
+
+@pytest.mark.parametrize("workload", ROUTING_WORKLOADS)
+def test_oracle_has_the_lowest_ttft_p90(workload: str) -> None:
+    """The oracle (true cache and queue) is the TTFT ceiling, within 1% noise."""
+    wl = generate_workload(workload, seed=0, requests=300)
+    results = run_comparison(
+        wl, SimConfig(nodes=4), ["round_robin", "smg-approx", "hybrid", "oracle"]
+    )
+    p90 = {p: r.summary["ttft_p90_s"] for p, r in results.items()}
+    assert p90["oracle"] <= min(p90.values()) * 1.01, p90
+
+
+def test_high_load_variant_is_named_and_overridable() -> None:
+    workload, _, _ = cli.build(_args("--workload", "tool-agent", "--load", "high"))
+    assert workload.params["rate"] == 600.0 and len(workload.items) == 3000
+    workload, _, _ = cli.build(
+        _args("--workload", "tool-agent", "--load", "high", "--requests", "50", "--rate", "9")
+    )
+    assert workload.params["rate"] == 9.0 and len(workload.items) == 50
+    with pytest.raises(ValueError, match="no high-load variant"):
+        cli.build(_args("--workload", "overload", "--load", "high"))

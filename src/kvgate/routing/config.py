@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from kvgate.routing.filters import FILTER_NAMES
+
 
 class RouteKeyConfig(BaseModel):
     """What goes into the route key. User, session and API key never do."""
@@ -27,6 +29,8 @@ class RoutingConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     policy: str = "hybrid"
+    # which node filters run, in order (routing/filters.py); exclusions always apply
+    filters: list[str] = Field(default_factory=lambda: list(FILTER_NAMES))
     # prefix index
     index_ttl_s: float = Field(default=120.0, gt=0)
     index_max_entries: int = Field(default=1_000_000, ge=1)
@@ -81,6 +85,18 @@ class RoutingConfig(BaseModel):
         names = policy_names()
         if value not in names:
             raise ValueError(f"policy must be one of {', '.join(sorted(names))}; got {value!r}")
+        return value
+
+    @field_validator("filters")
+    @classmethod
+    def _known_filters(cls, value: list[str]) -> list[str]:
+        unknown = [f for f in value if f not in FILTER_NAMES]
+        if unknown:
+            raise ValueError(
+                f"filters: unknown {', '.join(unknown)}; known: {', '.join(FILTER_NAMES)}"
+            )
+        if len(set(value)) != len(value):
+            raise ValueError("filters: each filter may be named once")
         return value
 
     @field_validator("scrape_interval_s")

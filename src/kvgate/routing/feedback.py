@@ -71,9 +71,6 @@ class HitFeedback:
         stats = self._pairs.get((node_id, route_key))
         return stats is not None and stats.demoted
 
-    def demoted_nodes(self, route_key: str, node_ids: list[str]) -> set[str]:
-        return {n for n in node_ids if self.is_demoted(n, route_key)}
-
     def pair(self, node_id: str, route_key: str) -> PairStats | None:
         return self._pairs.get((node_id, route_key))
 

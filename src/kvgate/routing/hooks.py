@@ -14,6 +14,7 @@ from __future__ import annotations
 from kvgate.flags import Flags
 from kvgate.routing.feedback import HitFeedback
 from kvgate.routing.metrics import RoutingMetrics
+from kvgate.routing.placement import Placements
 from kvgate.routing.prefill_queue import PrefillQueue
 from kvgate.routing.prefix_index import PrefixIndex
 from kvgate.tokens import BLOCK_SIZE
@@ -28,7 +29,9 @@ class ResponseHooks:
         queue: PrefillQueue,
         metrics: RoutingMetrics,
         flags: Flags,
+        placements: Placements,
     ) -> None:
+        self.placements = placements
         self.index = index
         self.feedback = feedback
         self.queue = queue
@@ -40,6 +43,7 @@ class ResponseHooks:
         uncached = req.prompt_tokens - decision.expected_cached_tokens
         self.queue.on_dispatch(decision.node_id, req.request_id, uncached, now)
         self.index.record(decision.node_id, req.block_hashes, now)
+        self.placements.on_dispatch(req.route_key, decision.node_id, now)
         self._count_evictions()
 
     def on_progress(self, req: RouteRequest, decision: RouteDecision, now: float) -> None:

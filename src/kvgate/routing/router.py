@@ -24,6 +24,7 @@ from kvgate.routing.filters import eligible_nodes
 from kvgate.routing.hooks import ResponseHooks
 from kvgate.routing.metrics import RoutingMetrics, state_family
 from kvgate.routing.node_view import NodeView
+from kvgate.routing.placement import Placements
 from kvgate.routing.policies import Policy, RoutingContext, create_policy
 from kvgate.routing.prefill_queue import PrefillModel, PrefillQueue
 from kvgate.routing.prefix_index import PrefixIndex
@@ -68,7 +69,10 @@ class Router:
         )
         self.policy: Policy = create_policy(config.policy)
         self.decision_counts: Counter[tuple[str, str]] = Counter()
-        self.hooks = ResponseHooks(self.index, self.feedback, self.queue, self.metrics, self.flags)
+        self.placements = Placements(config.index_ttl_s)
+        self.hooks = ResponseHooks(
+            self.index, self.feedback, self.queue, self.metrics, self.flags, self.placements
+        )
         nodes.subscribe(
             on_add=self.ring.add_node,
             on_remove=self._node_removed,
@@ -101,6 +105,7 @@ class Router:
             ring=self.ring,
             feedback=self.feedback,
             queue=self.queue,
+            placements=self.placements,
             rng=self.rng,
             now=now,
             eligible=eligible,
@@ -145,11 +150,13 @@ class Router:
         self.index.purge_node(node_id)
         self.feedback.forget_node(node_id)
         self.queue.forget(node_id)
+        self.placements.forget(node_id)
 
     def _node_reregistered(self, node_id: str) -> None:
         self.index.purge_node(node_id)
         self.feedback.forget_node(node_id)
         self.queue.forget(node_id)
+        self.placements.forget(node_id)
         self.metrics.reregistrations.labels(node_id).inc()
 
     def _node_reported(self, node_id: str, report: NodeReport, dispatched_since: int) -> None:

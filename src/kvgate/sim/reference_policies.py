@@ -107,16 +107,34 @@ class OraclePolicy:
             uncached = req.prompt_tokens - cached
             # + the prefill this request adds to the node: work every later request there
             # waits behind (a myopic TTFT minimum spreads prefixes and loses at saturation)
-            ttft[node] = self._predict(engine, uncached, ctx.now) + self.work_weight * (
-                uncached * engine.profile.seconds_per_compute_token
+            ttft[node] = (
+                self._predict(engine, uncached, ctx.now)
+                + self.work_weight * uncached * engine.profile.seconds_per_compute_token
+                # the decode batch this request joins slows every later step there
+                # (hybrid's balance term, so the oracle differs from it only in knowledge)
+                + ctx.config.load_weight * ctx.prefill.step_s * ctx.loads[node]
             )
             cached_by[node] = cached
         if not ttft:
             node = ctx.least_loaded()
             return RouteDecision(node, "oracle_fallback", 0, self.name)
-        node = ctx.pick({n: -t for n, t in ttft.items()})
+        if max(cached_by.values()) > 0:
+            node = ctx.pick({n: -t for n, t in ttft.items()})
+        else:
+            node = self._place_new_prefix(ctx, ttft)
         self._pending.setdefault(node, {})[req.request_id] = req.block_hashes
         return RouteDecision(node, "oracle", cached_by[node], self.name, tuple(ttft))
+
+    @staticmethod
+    def _place_new_prefix(ctx: RoutingContext, ttft: dict[str, float]) -> str:
+        """A prefix no node holds brings its future requests along: among the nodes
+        within one engine step of the least predicted TTFT, the one holding the fewest
+        live prefixes, then the least recent traffic (what any policy can know)."""
+        best = min(ttft.values())
+        near = [n for n, t in ttft.items() if t <= best + ctx.prefill.step_s]
+        fewest = min(ctx.placements.count(n) for n in near)
+        near = [n for n in near if ctx.placements.count(n) == fewest]
+        return ctx.pick({n: -ctx.queue.traffic(n, ctx.now) for n in near})
 
     def _waiting_uncached(self, engine: EngineCore, seq: Sequence) -> int:
         """Prompt tokens a waiting request will compute: its prefix cached by the time

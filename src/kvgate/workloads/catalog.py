@@ -356,7 +356,15 @@ HIGH_LOAD: dict[str, dict[str, Any]] = {
     # 512 groups: round_robin cannot keep every system prompt on every node
     "shared-prefix": {"rate": 160.0, "requests": 3000, "groups": 512, "prompts_per_group": 8},
     "tenant-prefix": {"rate": 36.0, "requests": 3000},
-    "multi-turn": {"rate": 800.0, "requests": 6000, "think_s": 1.0},
+    # long user turns and short think times: histories grow fast while the
+    # conversations overlap (a rate alone cannot saturate it: turns wait on think time)
+    "multi-turn": {
+        "rate": 1000.0,
+        "requests": 3000,
+        "think_s": 0.3,
+        "user_median": 400,
+        "max_user": 4096,
+    },
     "tool-agent": {"rate": 600.0, "requests": 3000},
     "hot-prefix": {"rate": 700.0, "requests": 3000},
 }

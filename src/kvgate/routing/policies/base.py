@@ -29,6 +29,7 @@ from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Protocol
 
 from kvgate.flags import Flags
+from kvgate.routing.placement import Placements
 from kvgate.tokens import BLOCK_SIZE
 from kvgate.types import RouteDecision, RouteRequest
 
@@ -90,6 +91,7 @@ class RoutingContext:
         "loads",
         "nodes",
         "now",
+        "placements",
         "queue",
         "ring",
         "rng",
@@ -106,6 +108,7 @@ class RoutingContext:
         feedback: HitFeedback,
         queue: PrefillQueue,
         rng: random.Random,
+        placements: Placements | None = None,
         now: float,
         eligible: list[NodeEntry],
         loads: dict[str, float] | None = None,
@@ -117,6 +120,7 @@ class RoutingContext:
         self.ring = ring
         self.feedback = feedback
         self.queue = queue
+        self.placements = placements if placements is not None else Placements()
         self.rng = rng
         self.now = now
         self.eligible = eligible

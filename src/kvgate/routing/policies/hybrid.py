@@ -42,11 +42,14 @@ def _affine_by_cache(matches: dict[str, int], scores: dict[str, float], home: li
 
 
 def _place_new_prefix(ctx: RoutingContext, scores: dict[str, float], home: list[str]) -> str:
-    """Where a prefix nobody holds starts: among nodes within one engine step of the best
-    predicted TTFT, the one with the least recent traffic (a new prefix brings its future
-    requests along, so place it like a new tenant), ties to the home node."""
+    """Where a prefix nobody holds starts. A new prefix brings its future requests along,
+    so among nodes within one engine step of the best predicted TTFT it goes to the one
+    holding the fewest live prefixes, then the least recent traffic, then the home node."""
     best = max(scores.values())
     near = [n for n, s in scores.items() if s >= best - ctx.prefill.step_s]
+    count = ctx.placements.count
+    fewest = min(count(n) for n in near)
+    near = [n for n in near if count(n) == fewest]
     traffic = {n: ctx.queue.traffic(n, ctx.now) for n in near}
     least = min(traffic.values())
     quiet = [n for n in near if traffic[n] <= least + 0.5]
@@ -71,12 +74,11 @@ class HybridPolicy:
         scores = weighted_scores(req, ctx, weights)
         matches = ctx.prefix_matches(req)
         home = ctx.home_set(req) if self.use_home else []
-        affine: str | None = None
         if matches:
             affine = _affine_by_cache(matches, scores, home)
+            node_id, spilled = pick_with_preference(ctx, scores, affine, cfg.spill_margin_s)
         else:
-            affine = _place_new_prefix(ctx, scores, home)
-        node_id, spilled = pick_with_preference(ctx, scores, affine, cfg.spill_margin_s)
+            node_id, spilled = _place_new_prefix(ctx, scores, home), False
         expected = matches.get(node_id, 0)
         if spilled:
             reason = "cost_spill"

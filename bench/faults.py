@@ -360,6 +360,7 @@ async def engine_fault(args: argparse.Namespace, name: str, n_victims: int, how:
         chosen, count = watch.chosen_after(nodes, t0, t_back)
         during = [r for r in load.results if t0 <= r.sent < t_back]
         recovered = [_served_after(load.results, n, t_back) for n in sorted(nodes)]
+        _, back_dispatches = watch.chosen_after(nodes, t_back, float("inf"))
         eu, es = _errors(load.results, t0)
         lu, ls = _errors(load.results, t0, late=1.0)
         return Row(
@@ -373,7 +374,8 @@ async def engine_fault(args: argparse.Namespace, name: str, n_victims: int, how:
             count,
             max((r.done - r.sent for r in during), default=0.0),
             None if None in recovered else max(r for r in recovered if r is not None),
-            f"down {held:.0f}s",
+            f"{how} {','.join(sorted(nodes))} for {held:.0f} s; {back_dispatches} dispatches "
+            f"to it in the {args.after_s:.0f} s after",
         )
 
 

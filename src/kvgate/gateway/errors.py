@@ -204,8 +204,11 @@ def _count_unexpected(request: web.Request, kind: str) -> None:
 
     gateway = request.app.get(GATEWAY)
     registry = getattr(gateway, "registry", None)
-    if not isinstance(registry, CollectorRegistry):
-        return
+    if isinstance(registry, CollectorRegistry):
+        _unexpected_counter(registry).labels(kind).inc()
+
+
+def _unexpected_counter(registry: CollectorRegistry) -> Counter:
     counter = _UNEXPECTED.get(registry)
     if counter is None:
         counter = _UNEXPECTED[registry] = Counter(
@@ -215,7 +218,7 @@ def _count_unexpected(request: web.Request, kind: str) -> None:
             ["kind"],
             registry=registry,
         )
-    counter.labels(kind).inc()
+    return counter
 
 
 async def expect_handler(request: web.Request) -> web.StreamResponse | None:
@@ -294,6 +297,11 @@ def guard_edges(app: web.Application) -> None:
     its default one fails with a 500 on a non-UTF-8 value)."""
     for route in app.router.routes():
         route._expect_handler = expect_handler  # type: ignore[attr-defined]  # no public setter
+    from kvgate.gateway.app import GATEWAY
+
+    registry = getattr(app.get(GATEWAY), "registry", None)
+    if isinstance(registry, CollectorRegistry):
+        _unexpected_counter(registry)  # exported from the start, at 0
     unrouted = _Unrouted()
     app.router.register_resource(unrouted)
     unrouted.indexed_as_root = False  # from here on it reports itself as "unmatched"

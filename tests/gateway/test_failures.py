@@ -338,7 +338,7 @@ async def test_clients_that_leave_cost_nothing() -> None:
             await asyncio.sleep(0.2)
             assert len(core.queue) == 6
             assert await _engine_running(s, urls) == 4
-            admits_before = sum(core.decision_counts["admit"].values())
+            admits_before = sum(core.decisions.counts["admit"].values())
             await asyncio.gather(*queued)  # their clients leave while queued
             for _ in range(100):  # the gateway sees each connection close
                 if not len(core.queue):
@@ -353,6 +353,6 @@ async def test_clients_that_leave_cost_nothing() -> None:
                 await asyncio.sleep(0.05)
             assert await _engine_running(s, urls) == 0
             assert len(core.ledger) == 0 and not gw.gateway.admission.snapshot()["used"]
-            assert sum(core.decision_counts["admit"].values()) == admits_before
+            assert sum(core.decisions.counts["admit"].values()) == admits_before
             assert sample(gw, "kvgate_cancellations_total", stage="queued") == 6
             assert sample(gw, "kvgate_cancellations_total", stage="upstream") == 4

@@ -176,8 +176,24 @@ def test_the_simulator_ejects_a_dead_node_through_the_pipeline() -> None:
 
 
 def test_the_simulator_honours_the_retry_budget() -> None:
+    # an empty budget still lets a request leave a dead node: a refused connection adds no
+    # load anywhere, and the budget guards against retry storms on an overloaded cluster
     spent = _sim_with_failure(retry_budget={"ratio": 0.0, "min_retries": 0})
-    assert spent.registry.get_sample_value("kvgate_retry_budget_exhausted_total") == 1
-    assert spent.registry.get_sample_value("kvgate_retries_total", {"cause": "connect"}) is None
-    failed = [r for r in spent._records if r.http_status != 200]
-    assert [(r.http_status, r.admission) for r in failed] == [(502, "upstream_connect")]
+    assert spent.registry.get_sample_value("kvgate_retry_budget_exhausted_total") == 0
+    assert spent.registry.get_sample_value("kvgate_retries_total", {"cause": "connect"}) == 1
+    assert all(r.http_status == 200 for r in spent._records)
+
+
+def test_the_retry_budget_stops_overload_retries_but_not_dead_node_retries() -> None:
+    pipeline = _pipeline()
+    pipeline.budget = RetryBudget(ratio=0.0, window_s=10.0, min_retries=0)
+    flow = pipeline.start(_route())
+    decision = pipeline.next_attempt(flow)
+    pipeline.attempt_failed(flow, decision, Failure("http_5xx", "node answered HTTP 503"))
+    with pytest.raises(GiveUp, match="after 1 attempt"):
+        pipeline.next_attempt(flow)
+    assert pipeline.metrics.retry_budget_exhausted._value.get() == 1
+    flow = pipeline.start(_route(1))
+    decision = pipeline.next_attempt(flow)
+    pipeline.attempt_failed(flow, decision, Failure("connect", "refused"))
+    assert pipeline.next_attempt(flow).node_id != decision.node_id

@@ -46,6 +46,12 @@ DEFAULT_POOL = "default"
 RETRYABLE_STATUSES = frozenset({502, 503, 504})
 
 
+# Failures that say the node is gone (refused, reset as it died, removed), not that the
+# cluster is overloaded: retrying them elsewhere adds no load that the dead node would not
+# have taken, so the retry budget (a guard against retry storms) does not count them.
+NODE_GONE_FAILURES = frozenset({"connect", "disconnected", "node_removed"})
+
+
 def retryable_status(status: int) -> bool:
     return status in RETRYABLE_STATUSES
 
@@ -193,7 +199,11 @@ class RequestPipeline:
                 raise self._give_up(flow)
             if flow.attempts > self.max_retries:
                 raise self._give_up(flow)
-            if self.flags["retry_budget"] and not self.budget.try_spend(now):
+            if (
+                self.flags["retry_budget"]
+                and last.kind not in NODE_GONE_FAILURES
+                and not self.budget.try_spend(now)
+            ):
                 self.metrics.retry_budget_exhausted.inc()
                 raise self._give_up(flow)
         decision = self._route(flow)

@@ -232,7 +232,7 @@ def create_app(
     store: KVStore | None = None,
     registry: CollectorRegistry | None = None,
 ) -> web.Application:
-    from kvgate.gateway import admin, handlers
+    from kvgate.gateway import admin, admin_config, handlers
 
     gateway = Gateway(config, clock=clock, store=store, registry=registry)
     app = web.Application(
@@ -249,4 +249,5 @@ def create_app(
         await gateway.stop()
 
     app.cleanup_ctx.append(lifecycle)
+    admin_config.install(app)  # config versions + capacity profiles (after gateway.start)
     return app

@@ -30,6 +30,15 @@ from kvgate.store.keys import TOTAL_QUOTA, tenant_quota_key
 log = logging.getLogger("kvgate.configver")
 
 
+def apply_quota_value(gateway: Any, key: str, value: str) -> None:
+    """Hand a quota key's value to the replica's admission layer, as its store watch would."""
+    core = getattr(gateway.admission, "core", None)
+    target = getattr(core, "book", core)  # the quota book, where the admission layer has one
+    apply = getattr(target, "apply_store_value", None)
+    if apply is not None:
+        apply(key, value)
+
+
 class ConfigMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.version = Gauge(
@@ -147,6 +156,7 @@ class ConfigReloader:
         await self._apply_tenants(old, new)
         if new.admission.total_quota != old.admission.total_quota:
             await gw.store.put(TOTAL_QUOTA, str(new.admission.total_quota))
+            apply_quota_value(gw, TOTAL_QUOTA, str(new.admission.total_quota))
         gw.admission.config = new.admission
         core = getattr(gw.admission, "core", None)
         if core is not None and hasattr(core, "config"):
@@ -165,10 +175,15 @@ class ConfigReloader:
     async def _apply_tenants(self, old: GatewayConfig, new: GatewayConfig) -> None:
         store = self.gateway.store
         names = {t.name for t in new.admission.tenants}
-        for t in new.admission.tenants:
-            value = {"guaranteed": t.guaranteed, "weight": t.weight, "hard_cap": t.hard_cap}
-            await store.put(tenant_quota_key(t.name), json.dumps(value))
+        values = {
+            t.name: {"guaranteed": t.guaranteed, "weight": t.weight, "hard_cap": t.hard_cap}
+            for t in new.admission.tenants
+        }
         for t in old.admission.tenants:
             if t.name not in names:  # dropped from the config: back to the defaults
-                value = {"guaranteed": 0, "weight": 1.0, "hard_cap": None}
-                await store.put(tenant_quota_key(t.name), json.dumps(value))
+                values[t.name] = {"guaranteed": 0, "weight": 1.0, "hard_cap": None}
+        for name, value in values.items():
+            key, text = tenant_quota_key(name), json.dumps(value)
+            await store.put(key, text)
+            # also at once here: this replica's admission watch may not be running yet
+            apply_quota_value(self.gateway, key, text)

@@ -28,7 +28,7 @@ from kvgate.configver import (
     diff_documents,
     prepare_apply,
 )
-from kvgate.configver.live import ConfigReloader
+from kvgate.configver.live import ConfigReloader, apply_quota_value
 from kvgate.gateway.admin import GATEWAY, _admin, _json_object
 from kvgate.gateway.config import ConfigError, GatewayConfig
 from kvgate.gateway.errors import ApiError
@@ -113,6 +113,7 @@ class _CapacitySync:
         if total and total != self.written:
             try:
                 await self.gateway.store.put(TOTAL_QUOTA, str(total))
+                apply_quota_value(self.gateway, TOTAL_QUOTA, str(total))
                 self.written = total
             except Exception as exc:
                 log.debug("cannot write the calibrated total: %s", exc)

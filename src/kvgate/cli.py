@@ -34,6 +34,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("kvgate.loadgen.cli", "live load against an OpenAI-compatible endpoint"),
     "demo": ("kvgate.demo.cli", "engines + gateway + workload in one command"),
     "status": ("kvgate.status.cli", "show a running gateway's nodes and tenants"),
+    "calibrate": ("kvgate.calibrate.cli", "load-test one engine: latency knee → capacity profile"),
+    "config": ("kvgate.configver.cli", "versioned config: show, diff, apply, rollback, baselines"),
 }
 
 

@@ -8,7 +8,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from kvgate.clock import Clock
-from kvgate.gateway import admin, handlers
+from kvgate.gateway import admin, admin_config, handlers
 from kvgate.gateway.config import GatewayConfig
 from kvgate.gateway.errors import error_middleware, guard_edges
 from kvgate.gateway.gateway import GATEWAY, Gateway
@@ -39,6 +39,7 @@ def create_app(
         await gateway.stop()
 
     app.cleanup_ctx.append(lifecycle)
+    admin_config.install(app)  # config versions + capacity profiles (after gateway.start)
     return app
 
 

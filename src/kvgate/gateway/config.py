@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kvgate.adapters import ENGINE_TYPES
 from kvgate.admission.config import AdmissionConfig
+from kvgate.calibrate.config import CapacityProfileConfig
 from kvgate.flags import FLAG_NAMES
 from kvgate.pipeline.config import PipelineConfig
 from kvgate.routing.config import RoutingConfig
@@ -47,6 +48,8 @@ class NodeConfig(_Strict):
     pool: str = "default"
     engine_type: str = "vllm"
     kv_capacity_tokens: int | None = Field(default=None, gt=0)
+    model_version: str | None = None  # capacity profile reference (default: the model)
+    deployment: str | None = None  # capacity profile reference (default: "default")
 
     @field_validator("url")
     @classmethod
@@ -99,6 +102,7 @@ class GatewayConfig(_Strict):
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)  # retry budget, outliers
     store: str = "memory://"
     flags: dict[str, bool] = {}
+    capacity_profiles: list[CapacityProfileConfig] = []
 
     @field_validator("flags")
     @classmethod

@@ -54,7 +54,12 @@ def add_routes(app: web.Application) -> None:
 async def health(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     return web.json_response(
-        {"status": "ok", "gateway": gateway.config.gateway_id, "nodes": len(gateway.specs)}
+        {
+            "status": "ok",
+            "gateway": gateway.config.gateway_id,
+            "nodes": len(gateway.specs),
+            "config_version": getattr(gateway, "config_version", None),
+        }
     )
 
 

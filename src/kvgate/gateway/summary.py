@@ -70,9 +70,24 @@ def node_rows(gateway: Gateway) -> list[dict[str, Any]]:
                 "expected_cached_tokens": _num(info.get("expected_cached_tokens")),
                 "actual_cached_tokens": _num(info.get("actual_cached_tokens")),
                 "report_age_s": _num(now - report.timestamp) if report is not None else None,
+                **_capacity(gateway, node_id, spec.model),
             }
         )
     return rows
+
+
+def _capacity(gateway: Gateway, node_id: str, model: str) -> dict[str, Any]:
+    """The node's calibrated capacity (kvgate.calibrate.book); None when uncalibrated."""
+    book = getattr(gateway, "capacity_book", None)
+    if book is None:
+        return {}
+    profile = book.profile_for(node_id, model)
+    version, deployment = book.ref_for(node_id, model)
+    return {
+        "capacity_profile": f"{version}@{deployment}",
+        "capacity_tokens": profile.capacity_runtime_tokens if profile else None,
+        "calibrated": profile is not None,
+    }
 
 
 def build_summary(gateway: Gateway) -> dict[str, Any]:
@@ -99,6 +114,7 @@ def build_summary(gateway: Gateway) -> dict[str, Any]:
             "store": config.store,
             "auth_enabled": gateway.tenants.auth_enabled,
             "flags": gateway.flags.as_dict(),
+            "config_version": getattr(gateway, "config_version", None),
         },
         "nodes": node_rows(gateway),
         "tenants": tenants,

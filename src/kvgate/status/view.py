@@ -55,7 +55,15 @@ def nodes_table(summary: Mapping[str, Any]) -> Table:
     table = Table(title="Nodes", title_justify="left", expand=False)
     for name in ("node", "state", "model", "running", "waiting", "in flight"):
         table.add_column(name, justify="left" if name in ("node", "state", "model") else "right")
-    for name in ("load", "KV usage", "pred. hit", "actual hit", "cold boost", "report age"):
+    for name in (
+        "load",
+        "KV usage",
+        "pred. hit",
+        "actual hit",
+        "cold boost",
+        "report age",
+        "capacity",
+    ):
         table.add_column(name, justify="right")
     for n in summary.get("nodes") or []:
         state = str(n.get("state") or "?")
@@ -72,10 +80,18 @@ def nodes_table(summary: Mapping[str, Any]) -> Table:
             fmt_pct(n.get("actual_hit_rate")),
             fmt_num(n.get("cold_boost")),
             f"{fmt_num(n.get('report_age_s'), 1)} s" if _is_num(n.get("report_age_s")) else DASH,
+            _capacity_cell(n),
         )
     if not summary.get("nodes"):
-        table.add_row("no nodes registered", *[""] * 11)
+        table.add_row("no nodes registered", *[""] * 12)
     return table
+
+
+def _capacity_cell(n: Mapping[str, Any]) -> Text:
+    """Calibrated capacity (runtime tokens), or a warning for a node without a profile."""
+    if n.get("calibrated") is False:
+        return Text("uncalibrated", style="bold yellow")
+    return Text(fmt_int(n.get("capacity_tokens")))
 
 
 def tenants_table(summary: Mapping[str, Any]) -> Table:

@@ -21,3 +21,7 @@ def tenant_quota_key(tenant: str) -> str:
 
 def flag_key(name: str) -> str:
     return f"{FLAGS_PREFIX}{name}"
+
+
+def config_key(version: str) -> str:
+    return f"{CONFIG_PREFIX}{version}"

@@ -7,12 +7,20 @@
   out again (evicted), so a later request with the same prefix reuses it.
 * ``KVCacheManager`` maps requests to their blocks: prefix lookup, slot allocation,
   caching newly filled blocks and freeing.
+
+Cache events (off unless ``BlockPool.events`` is a list): the pool appends
+``(kind, parent_hash, hashes)`` records — ``("stored", parent, [h…])`` when full blocks
+enter the cache map, ``("removed", None, [h])`` when a cached block is evicted or reset,
+``("cleared", None, [])`` when a reset leaves nothing cached. The owner drains them and
+publishes them (engine-sim: vLLM's KV event wire format) or feeds them to an index (sim).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+
+CacheEvent = tuple[str, int | None, list[int]]
 
 
 class BlockPool:
@@ -26,6 +34,15 @@ class BlockPool:
         # Free blocks in eviction order (front = next to be reused). Values unused.
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.evictions = 0
+        self.events: list[CacheEvent] | None = None  # None: no cache events recorded
+
+    def drain_events(self) -> list[CacheEvent]:
+        """Cache events recorded since the last drain (empty when events are off)."""
+        events = self.events
+        if not events:
+            return []
+        self.events = []
+        return events
 
     @property
     def num_free(self) -> int:
@@ -64,21 +81,29 @@ class BlockPool:
                 self.block_hash[b] = None
                 if self.cached.get(h) == b:
                     del self.cached[h]
+                    events = self.events
+                    if events is not None:
+                        if events and events[-1][0] == "removed":
+                            events[-1][2].append(h)
+                        else:
+                            events.append(("removed", None, [h]))
                 self.evictions += 1
             self.ref_cnt[b] = 1
             out.append(b)
         return out
 
-    def cache_block(self, block: int, h: int) -> None:
-        """Record that ``block`` now holds the full block with hash ``h``."""
+    def cache_block(self, block: int, h: int) -> bool:
+        """Record that ``block`` now holds the full block with hash ``h``; True when it
+        entered the cache map."""
         if self.block_hash[block] is not None:
-            return
+            return False
         if h in self.cached:
             # Another block already holds this content (computed concurrently); keep
             # the first, this copy stays private to its request.
-            return
+            return False
         self.block_hash[block] = h
         self.cached[h] = block
+        return True
 
     def free(self, blocks: Sequence[int]) -> None:
         """Drop one reference from each block of a request.
@@ -97,13 +122,19 @@ class BlockPool:
     def reset_prefix_cache(self) -> int:
         """Forget the hashes of all free cached blocks; returns how many were dropped."""
         dropped = 0
+        removed: list[int] = []
         for b in self.free_queue:
             h = self.block_hash[b]
             if h is not None:
                 self.block_hash[b] = None
                 if self.cached.get(h) == b:
                     del self.cached[h]
+                    removed.append(h)
                 dropped += 1
+        if self.events is not None and removed:
+            # Blocks still in use stay cached (as vLLM keeps them): say exactly what went.
+            cleared = not self.cached
+            self.events.append(("cleared", None, []) if cleared else ("removed", None, removed))
         return dropped
 
 
@@ -118,6 +149,11 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks)
         self.block_size = block_size
         self.tables: dict[str, list[int]] = {}
+
+    def enable_events(self) -> None:
+        """Start recording cache events (``pool.drain_events`` hands them out)."""
+        if self.pool.events is None:
+            self.pool.events = []
 
     def cached_prefix_blocks(self, hashes: Sequence[int], num_prompt_tokens: int) -> list[int]:
         """Cached blocks a new request can reuse.
@@ -170,10 +206,26 @@ class KVCacheManager:
             return start
         n_full = min(num_computed_tokens // self.block_size, len(hashes), len(table))
         pool = self.pool
+        events = pool.events
+        if events is None:
+            for i in range(start, n_full):
+                b = table[i]
+                if pool.block_hash[b] is None:
+                    pool.cache_block(b, hashes[i])
+            return max(start, n_full)
+        run: list[int] = []  # consecutive newly stored blocks → one "stored" event
+        run_parent: int | None = None
         for i in range(start, n_full):
             b = table[i]
-            if pool.block_hash[b] is None:
-                pool.cache_block(b, hashes[i])
+            if pool.block_hash[b] is None and pool.cache_block(b, hashes[i]):
+                if not run:
+                    run_parent = hashes[i - 1] if i > 0 else None
+                run.append(hashes[i])
+            elif run:
+                events.append(("stored", run_parent, run))
+                run = []
+        if run:
+            events.append(("stored", run_parent, run))
         return max(start, n_full)
 
     def free(self, request_id: str) -> None:

@@ -33,6 +33,7 @@ from kvgate.routing.policies import register_policy
 from kvgate.routing.request import route_request_from_tokens
 from kvgate.routing.router import Router
 from kvgate.sim.events import ClusterEvent
+from kvgate.sim.kv_event_feed import feed_for
 from kvgate.sim.reference_policies import OraclePolicy, SmgApproxPolicy
 from kvgate.store.memory import MemoryStore
 from kvgate.types import (
@@ -68,6 +69,7 @@ class SimConfig:
     routing: dict[str, Any] = field(default_factory=dict)  # RoutingConfig overrides
     degrade_modes: dict[str, str] = field(default_factory=dict)  # class -> mode
     plot_nodes: int = 16  # node-load series kept for plots
+    kv_event_delay_s: float = 0.05  # engine KV event → precise index (policy precise)
 
 
 @dataclass(slots=True)
@@ -124,6 +126,7 @@ class ClusterSim:
         self.router = Router(
             routing, self.nodes, flags=self.flags, clock=self.clock, rng=random.Random(config.seed)
         )
+        self.kv_feed = feed_for(policy, self.nodes, config.kv_event_delay_s)
         for i in range(config.nodes):
             self._start_node(f"node-{i}")
         self.admission: AdmissionCore | None = None
@@ -150,6 +153,8 @@ class ClusterSim:
         engine = EngineCore(self.profile, kv_blocks=self.kv_blocks, token_events=False)
         engine.now = self.clock.now()
         self.engines[node_id] = engine
+        if self.kv_feed is not None:
+            self.kv_feed.attach(node_id, engine)
         self.dead.discard(node_id)
         capacity = engine.profile.num_gpu_blocks * engine.profile.block_size
         self.nodes.add_node(
@@ -261,6 +266,8 @@ class ClusterSim:
             self._resolve(live, "rejected", result.status, f"reject:{result.reason}")
 
     def _dispatch(self, live: _Live, now: float) -> None:
+        if self.kv_feed is not None:
+            self.kv_feed.deliver(now)
         while True:
             try:
                 decision = self.router.route(live.rreq, exclude=live.tried)

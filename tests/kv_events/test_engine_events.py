@@ -88,7 +88,7 @@ def test_sha256_cbor_chain_matches_a_hand_encoded_cbor() -> None:
     h1 = block(h0, tokens[16:])
     hasher = TokenBlockHasher(16, "sha256_cbor", seed="0")
     assert hasher.none_hash == seed
-    assert hasher.digests(tokens + [1, 2, 3]) == [h0, h1]  # a partial tail has no hash
+    assert hasher.digests([*tokens, 1, 2, 3]) == [h0, h1]  # a partial tail has no hash
     assert hasher.hashes(tokens) == [to_external(h0), to_external(h1)]
     assert to_external(h0) == int.from_bytes(h0[-8:], "big")
     # A different seed (another PYTHONHASHSEED) gives different hashes.

@@ -24,6 +24,7 @@ from kvgate.gateway.metrics import GatewayMetrics
 from kvgate.gateway.proxy import Proxy
 from kvgate.gateway.registry import NodeRegistry
 from kvgate.gateway.scraper import Scraper, discover_model
+from kvgate.kv_events.hub import KvEventHub
 from kvgate.routing.node_view import NodeView
 from kvgate.routing.router import Router
 from kvgate.store import open_store
@@ -57,6 +58,9 @@ class Gateway:
         self.router = Router(
             config.routing, self.nodes, flags=self.flags, clock=self.clock, registry=self.registry
         )
+        self.kv_events: KvEventHub | None = None
+        if config.kv_events.tokenizers or any(n.kv_events for n in config.nodes):
+            self.kv_events = KvEventHub(config.kv_events, self.nodes, registry=self.registry)
         self.tenants = TenantDirectory(config.admission)
         self.admission = AdmissionController(
             config.admission,
@@ -168,6 +172,8 @@ class Gateway:
         )
         for node, model in zip(self.config.nodes, models, strict=True):
             self.add_node(node.spec(model), "config")
+            if node.kv_events is not None and self.kv_events is not None:
+                self.kv_events.add(node.id, node.kv_events)
         self.proxy = Proxy(
             session=self.session,
             router=self.router,
@@ -219,6 +225,8 @@ class Gateway:
         if self.node_registry:
             await self.node_registry.stop()
         await self.admission.stop()
+        if self.kv_events:
+            await self.kv_events.stop()
         if self.session:
             await self.session.close()
         if self._owns_store:

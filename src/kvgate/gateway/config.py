@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from kvgate.adapters import ENGINE_TYPES
 from kvgate.admission.config import AdmissionConfig
 from kvgate.flags import FLAG_NAMES
+from kvgate.kv_events.config import EVENT_ENGINE_TYPES, KvEventsConfig, NodeEventsConfig
 from kvgate.routing.config import RoutingConfig
 from kvgate.types import NodeSpec
 
@@ -42,6 +43,16 @@ class NodeConfig(_Strict):
     pool: str = "default"
     engine_type: str = "vllm"
     kv_capacity_tokens: int | None = Field(default=None, gt=0)
+    kv_events: NodeEventsConfig | None = None  # the engine's KV event stream (ZMQ)
+
+    @model_validator(mode="after")
+    def _publishes_events(self) -> NodeConfig:
+        if self.kv_events is not None and self.engine_type not in EVENT_ENGINE_TYPES:
+            raise ValueError(
+                f"kv_events: engine type {self.engine_type!r} publishes no KV events "
+                f"(only {', '.join(EVENT_ENGINE_TYPES)})"
+            )
+        return self
 
     @field_validator("url")
     @classmethod
@@ -91,6 +102,7 @@ class GatewayConfig(_Strict):
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
     scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
+    kv_events: KvEventsConfig = Field(default_factory=KvEventsConfig)
     store: str = "memory://"
     flags: dict[str, bool] = {}
 

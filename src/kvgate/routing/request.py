@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from kvgate.prompts import (
@@ -52,8 +52,13 @@ def build_route_request(
     tenant: str,
     priority: int,
     config: RouteKeyConfig,
+    engine_hashes: Callable[[str, str], tuple[int, list[int]] | None] | None = None,
 ) -> RouteRequest:
-    """Render the canonical prompt, hash its blocks and derive the route key."""
+    """Render the canonical prompt, hash its blocks and derive the route key.
+
+    ``engine_hashes(model, text)``, when given, hashes the prompt the way the model's
+    engine does (its tokenizer; see ``kvgate.kv_events``) for the precise cache signal.
+    """
     if not isinstance(body, Mapping):
         raise PromptError("the request body must be a JSON object")
     model = _model(body)
@@ -76,6 +81,7 @@ def build_route_request(
         # COMPLETION_KEY_BLOCKS blocks stand in for it (one chained hash covers them all).
         stable = f"blocks:{hashes[min(len(hashes), COMPLETION_KEY_BLOCKS) - 1]}" if hashes else ""
     digest = prefix_digest(stable, kb_version_for(headers, config))
+    engine = engine_hashes(model, text) if engine_hashes is not None else None
     return RouteRequest(
         request_id=request_id,
         model=model,
@@ -85,6 +91,8 @@ def build_route_request(
         max_tokens=max_tokens,
         tenant=tenant,
         priority=priority,
+        engine_block_hashes=engine[1] if engine is not None else None,
+        engine_prompt_tokens=engine[0] if engine is not None else None,
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kvgate.kv_events.hashing import HASH_ALGOS
@@ -39,6 +41,14 @@ class KvEventsConfig(BaseModel):
     hash_seed: str = "0"  # the engines' PYTHONHASHSEED
     block_size: int = Field(default=16, ge=1)  # the engines' KV block size
     replay_timeout_s: float = Field(default=2.0, gt=0)
+
+    @field_validator("tokenizers")
+    @classmethod
+    def _tokenizer_files(cls, v: dict[str, str]) -> dict[str, str]:
+        for model, path in v.items():
+            if not Path(path).is_file():
+                raise ValueError(f"{model}: tokenizer file {path} does not exist")
+        return v
 
     @field_validator("hash_algo")
     @classmethod

@@ -43,10 +43,10 @@ def test_bad_event_config_names_the_field(data: dict[str, object], message: str)
 def test_a_missing_or_broken_tokenizer_names_the_model(tmp_path: Path) -> None:
     from kvgate.gateway.app import Gateway
 
-    with pytest.raises(ConfigError, match="kv_events.tokenizers: m1: tokenizer file"):
+    with pytest.raises(ConfigError, match=r"kv_events\.tokenizers: m1: tokenizer file"):
         parse_config({"kv_events": {"tokenizers": {"m1": "/nonexistent/tokenizer.json"}}})
     broken = tmp_path / "tokenizer.json"
     broken.write_text("{}")
     cfg = parse_config({"kv_events": {"tokenizers": {"m1": str(broken)}}})
-    with pytest.raises(ValueError, match="kv_events.tokenizers.m1: cannot load tokenizer"):
+    with pytest.raises(ValueError, match=r"kv_events\.tokenizers\.m1: cannot load tokenizer"):
         Gateway(cfg)

@@ -173,7 +173,7 @@ class Gateway:
         for node, model in zip(self.config.nodes, models, strict=True):
             self.add_node(node.spec(model), "config")
             if node.kv_events is not None and self.kv_events is not None:
-                self.kv_events.add(node.id, node.kv_events)
+                self.kv_events.add(node.id, node.kv_events, node.engine_type)
         self.proxy = Proxy(
             session=self.session,
             router=self.router,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -20,6 +21,15 @@ class NodeEventsConfig(BaseModel):
     endpoint: str  # e.g. tcp://10.0.0.5:5557 (the engine binds tcp://*:5557)
     replay_endpoint: str | None = None  # e.g. tcp://10.0.0.5:5558
     topic: str = ""
+    # "engine": index the engine's own block hashes (vLLM, engine-sim: the gateway computes
+    # the same ones). "tokens": re-hash each stored block's token ids (SGLang, whose hashes
+    # the gateway cannot reproduce). Default: by engine type.
+    hashes: Literal["engine", "tokens"] | None = None
+
+    def hash_source(self, engine_type: str) -> str:
+        if self.hashes is not None:
+            return self.hashes
+        return "tokens" if engine_type == "sglang" else "engine"
 
     @field_validator("endpoint", "replay_endpoint")
     @classmethod

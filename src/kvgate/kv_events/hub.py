@@ -17,8 +17,10 @@ import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
 from kvgate.kv_events.config import KvEventsConfig, NodeEventsConfig
+from kvgate.kv_events.hashing import TokenBlockHasher
 from kvgate.kv_events.index import PreciseIndex
 from kvgate.kv_events.metrics import KvEventMetrics
+from kvgate.kv_events.rehash import TokenRehasher
 from kvgate.kv_events.signal import PreciseSignal, bind_signal, unbind_signal
 from kvgate.kv_events.subscriber import KvEventSubscriber
 from kvgate.kv_events.tokenizer import PromptHasher
@@ -72,7 +74,9 @@ class KvEventHub:
         if self._ctx is None:
             self._ctx = zmq.asyncio.Context()
 
-    def add(self, node_id: str, events: NodeEventsConfig) -> KvEventSubscriber:
+    def add(
+        self, node_id: str, events: NodeEventsConfig, engine_type: str = "vllm"
+    ) -> KvEventSubscriber:
         self.start()
         assert self._ctx is not None
         old = self.subscribers.pop(node_id, None)
@@ -88,11 +92,16 @@ class KvEventHub:
             topic=events.topic,
             now=self._now,
             replay_timeout_s=self.config.replay_timeout_s,
+            rehasher=self._rehasher() if events.hash_source(engine_type) == "tokens" else None,
         )
         self.subscribers[node_id] = sub
         sub.start()
         log.info("kv events: subscribed to %s at %s", node_id, events.endpoint)
         return sub
+
+    def _rehasher(self) -> TokenRehasher:
+        cfg = self.config
+        return TokenRehasher(TokenBlockHasher(cfg.block_size, cfg.hash_algo, cfg.hash_seed))
 
     def remove(self, node_id: str) -> None:
         sub = self.subscribers.pop(node_id, None)

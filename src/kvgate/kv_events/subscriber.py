@@ -28,6 +28,7 @@ import zmq.asyncio
 
 from kvgate.kv_events.index import PreciseIndex
 from kvgate.kv_events.metrics import KvEventMetrics
+from kvgate.kv_events.rehash import TokenRehasher
 from kvgate.kv_events.wire import (
     AllBlocksCleared,
     BlockRemoved,
@@ -56,6 +57,7 @@ class KvEventSubscriber:
         wall_clock: Callable[[], float] = time.time,
         replay_timeout_s: float = 2.0,
         lag_samples: int = 10_000,
+        rehasher: TokenRehasher | None = None,
     ) -> None:
         self.node_id = node_id
         self.endpoint = endpoint
@@ -67,6 +69,7 @@ class KvEventSubscriber:
         self._now = now
         self._wall = wall_clock
         self.replay_timeout_s = replay_timeout_s
+        self.rehasher = rehasher  # re-key events by their token ids (engine type sglang)
         self.next_seq: int | None = None  # None: nothing applied since start or resync
         self.lags: deque[float] = deque(maxlen=lag_samples)
         self.applied = 0
@@ -96,6 +99,8 @@ class KvEventSubscriber:
     def resync(self, reason: str) -> None:
         """Drop the node's precise state; it is rebuilt from the next batches."""
         self.index.resync(self.node_id)
+        if self.rehasher is not None:
+            self.rehasher.reset()
         self.next_seq = None
         self.metrics.resyncs.labels(self.node_id, reason).inc()
         self.metrics.synced.labels(self.node_id).set(0)
@@ -146,6 +151,8 @@ class KvEventSubscriber:
             self.metrics.decode_errors.labels(self.node_id).inc()
             self.resync("decode_error")
             return
+        if self.rehasher is not None:
+            batch = self.rehasher.translate(batch)
         self.index.apply(self.node_id, batch, self._now(), seq)
         self.next_seq = seq + 1
         self.applied += 1

@@ -58,9 +58,8 @@ class Gateway:
         self.router = Router(
             config.routing, self.nodes, flags=self.flags, clock=self.clock, registry=self.registry
         )
-        self.kv_events: KvEventHub | None = None
-        if config.kv_events.tokenizers or any(n.kv_events for n in config.nodes):
-            self.kv_events = KvEventHub(config.kv_events, self.nodes, registry=self.registry)
+        # Always present (no sockets until a node with an event endpoint is added).
+        self.kv_events = KvEventHub(config.kv_events, self.nodes, registry=self.registry)
         self.tenants = TenantDirectory(config.admission)
         self.admission = AdmissionController(
             config.admission,
@@ -172,7 +171,7 @@ class Gateway:
         )
         for node, model in zip(self.config.nodes, models, strict=True):
             self.add_node(node.spec(model), "config")
-            if node.kv_events is not None and self.kv_events is not None:
+            if node.kv_events is not None:
                 self.kv_events.add(node.id, node.kv_events, node.engine_type)
         self.proxy = Proxy(
             session=self.session,
@@ -225,8 +224,7 @@ class Gateway:
         if self.node_registry:
             await self.node_registry.stop()
         await self.admission.stop()
-        if self.kv_events:
-            await self.kv_events.stop()
+        await self.kv_events.stop()
         if self.session:
             await self.session.close()
         if self._owns_store:

@@ -209,7 +209,7 @@ async def generate(request: web.Request, endpoint: str) -> web.StreamResponse:
             tenant=tenant.name,
             priority=priority,
             config=gateway.config.routing.route_key,
-            engine_hashes=gateway.kv_events.engine_hashes if gateway.kv_events else None,
+            engine_hashes=gateway.kv_events.engine_hashes if gateway.kv_events.hashers else None,
         )
     except PromptError as exc:
         raise _prompt_error(exc) from None

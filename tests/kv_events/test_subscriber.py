@@ -67,11 +67,11 @@ async def test_a_gap_is_filled_from_the_replay_socket(ctx: zmq.asyncio.Context) 
         assert _value(sub, "kvgate_kv_events_gaps_total") == 1
         assert _value(sub, "kvgate_kv_events_replays_total", outcome="filled") == 1
         assert _value(sub, "kvgate_kv_events_resyncs_total", reason="gap") == 0
-        # A sequence number going backwards reads as a publisher restart: the state is
-        # dropped and rebuilt from the replay buffer (here: the same stream up to seq 3).
+        # The SUB socket delivering a batch the replay already applied is a duplicate,
+        # not a publisher restart.
         await sub.handle(_frames(pub, 3))
-        assert _value(sub, "kvgate_kv_events_resyncs_total", reason="restart") == 1
-        assert sub.index.blocks_of("n") == {100, 101, 102, 103}
+        assert _value(sub, "kvgate_kv_events_resyncs_total", reason="restart") == 0
+        assert sub.index.blocks_of("n") == {100, 101, 102, 103, 104} and sub.next_seq == 5
     finally:
         await pub.stop()
 
@@ -152,3 +152,28 @@ async def test_live_stream_over_the_sub_socket(ctx: zmq.asyncio.Context) -> None
     finally:
         await sub.stop()
         await pub.stop()
+
+
+async def test_start_catches_up_from_the_replay_buffer(ctx: zmq.asyncio.Context) -> None:
+    import asyncio
+
+    idle = await _publisher()
+    busy = await _publisher()
+    try:
+        for i in range(3):
+            busy.publish([BlockStored([i], i - 1 if i else None)])
+        subs = [_subscriber(p, ctx) for p in (idle, busy)]
+        for sub in subs:
+            sub.start()
+        for _ in range(100):
+            if all(s.index.is_synced("n") for s in subs):
+                break
+            await asyncio.sleep(0.02)
+        # No live message was sent after the subscribers started: both know their engine.
+        assert subs[0].index.is_synced("n") and subs[0].index.blocks_of("n") == frozenset()
+        assert subs[1].index.match([0, 1, 2], 0.0) == {"n": 3} and subs[1].next_seq == 3
+        for sub in subs:
+            await sub.stop()
+    finally:
+        await idle.stop()
+        await busy.stop()

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 
 import zmq
@@ -33,6 +33,7 @@ from kvgate.kv_events.wire import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
+    KVEventBatch,
     WireError,
     decode_batch,
     seq_from_bytes,
@@ -40,6 +41,7 @@ from kvgate.kv_events.wire import (
 )
 
 log = logging.getLogger(__name__)
+_RECENT = 4096  # applied (seq → payload hash) kept to tell duplicates from restarts
 
 
 class KvEventSubscriber:
@@ -73,6 +75,7 @@ class KvEventSubscriber:
         self.next_seq: int | None = None  # None: nothing applied since start or resync
         self.lags: deque[float] = deque(maxlen=lag_samples)
         self.applied = 0
+        self._recent: OrderedDict[int, int] = OrderedDict()
         self._task: asyncio.Task[None] | None = None
         self._sub: zmq.asyncio.Socket | None = None
 
@@ -102,6 +105,7 @@ class KvEventSubscriber:
         if self.rehasher is not None:
             self.rehasher.reset()
         self.next_seq = None
+        self._recent.clear()
         self.metrics.resyncs.labels(self.node_id, reason).inc()
         self.metrics.synced.labels(self.node_id).set(0)
         self.metrics.blocks.labels(self.node_id).set(0)
@@ -110,12 +114,26 @@ class KvEventSubscriber:
     async def _run(self) -> None:
         assert self._sub is not None
         sub = self._sub
+        if self.replay_endpoint:
+            try:
+                await self.initial_sync()
+            except Exception:
+                log.exception("kv events from %s: initial replay failed", self.node_id)
         while True:
             frames = await sub.recv_multipart()
             try:
                 await self.handle(frames)
             except Exception:  # one bad message must not stop the stream
                 log.exception("kv events from %s: message handling failed", self.node_id)
+
+    async def initial_sync(self) -> None:
+        """Catch up from the replay buffer at start, before any live message: an idle
+        engine's state is known at once. An empty buffer means nothing was published yet:
+        the engine's cache is empty and the node is synced."""
+        complete, outcome, count = await self._replay(0, None, first=True)
+        if outcome == "ended" and count == 0 and self.next_seq is None:
+            self.index.apply(self.node_id, KVEventBatch(self._wall(), []), self._now())
+            self.metrics.synced.labels(self.node_id).set(1)
 
     async def handle(self, frames: list[bytes]) -> None:
         if len(frames) != 3:
@@ -129,6 +147,8 @@ class KvEventSubscriber:
             return
         expected = self.next_seq
         if expected is not None and seq < expected:
+            if self._recent.get(seq) == hash(payload):
+                return  # already applied (it also came through a replay)
             self.resync("restart")
             expected = None
         if expected is None:
@@ -136,7 +156,7 @@ class KvEventSubscriber:
                 await self._replay(0, seq, first=True)
         elif seq > expected:
             self.metrics.gaps.labels(self.node_id).inc()
-            filled = self.replay_endpoint is not None and await self._replay(expected, seq)
+            filled = self.replay_endpoint is not None and (await self._replay(expected, seq))[0]
             if not filled:
                 self.resync("gap")
         if self.next_seq is not None and seq < self.next_seq:
@@ -155,6 +175,10 @@ class KvEventSubscriber:
             batch = self.rehasher.translate(batch)
         self.index.apply(self.node_id, batch, self._now(), seq)
         self.next_seq = seq + 1
+        recent = self._recent
+        recent[seq] = hash(payload)
+        if len(recent) > _RECENT:
+            recent.popitem(last=False)
         self.applied += 1
         lag = max(0.0, self._wall() - batch.ts)
         self.lags.append(lag)
@@ -175,8 +199,11 @@ class KvEventSubscriber:
         m.synced.labels(node).set(1)
         m.blocks.labels(node).set(self.index.state(node).blocks)
 
-    async def _replay(self, start: int, until: int, *, first: bool = False) -> bool:
-        """Apply buffered batches ``start <= seq < until``; True when all of them came."""
+    async def _replay(
+        self, start: int, until: int | None, *, first: bool = False
+    ) -> tuple[bool, str, int]:
+        """Apply buffered batches ``start <= seq < until`` (``until`` None: all of them);
+        returns (all of them came, outcome, batches received)."""
         assert self.replay_endpoint is not None
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
@@ -198,16 +225,18 @@ class KvEventSubscriber:
                 if seq < 0:
                     outcome = "ended"
                     break
-                if start <= seq < until:
+                if start <= seq and (until is None or seq < until):
                     got.append((seq, frames[2]))
         finally:
             dealer.close(linger=0)
         got.sort()
-        complete = [s for s, _ in got] == list(range(start, until))
-        if first and got and not complete:
+        seqs = [s for s, _ in got]
+        end = until if until is not None else (seqs[-1] + 1 if seqs else start)
+        complete = seqs == list(range(start, end)) and (until is not None or outcome == "ended")
+        if first and got and not complete and (until is not None or outcome == "ended"):
             # Joining late: apply what the buffer still holds, in order from its start.
             first_seq = got[0][0]
-            if [s for s, _ in got] == list(range(first_seq, until)):
+            if seqs == list(range(first_seq, end)):
                 complete = True  # complete from first_seq on; earlier history is gone
                 outcome = "partial"
         if complete:
@@ -219,4 +248,4 @@ class KvEventSubscriber:
         else:
             label = "short" if outcome == "ended" else "timeout"
         self.metrics.replays.labels(self.node_id, label).inc()
-        return complete
+        return complete, outcome, len(got)

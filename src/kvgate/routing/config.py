@@ -12,6 +12,7 @@ BUILTIN_POLICIES = (
     "least_request",
     "round_robin",
     "random",
+    "precise",
 )
 
 

@@ -130,7 +130,7 @@ class KvEventSubscriber:
         """Catch up from the replay buffer at start, before any live message: an idle
         engine's state is known at once. An empty buffer means nothing was published yet:
         the engine's cache is empty and the node is synced."""
-        complete, outcome, count = await self._replay(0, None, first=True)
+        _complete, outcome, count = await self._replay(0, None, first=True)
         if outcome == "ended" and count == 0 and self.next_seq is None:
             self.index.apply(self.node_id, KVEventBatch(self._wall(), []), self._now())
             self.metrics.synced.labels(self.node_id).set(1)

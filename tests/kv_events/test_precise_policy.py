@@ -79,3 +79,21 @@ def test_without_a_bound_index_it_is_load_and_approximate_cache() -> None:
     c.report("n2", running=5)
     d = c.router.route(group_request(9, "z"))
     assert (d.node_id, d.reason) == ("n1", "least_cost_miss")
+
+
+def test_combined_signal_is_precise_where_synced_and_approximate_elsewhere() -> None:
+    from kvgate.kv_events.signal import CombinedSignal
+    from kvgate.routing.prefix_index import PrefixIndex
+
+    precise, approx = PreciseIndex(), PrefixIndex()
+    signal = CombinedSignal(precise, approx)
+    chain = [1, 2, 3, 4]
+    precise.apply("a", KVEventBatch(0.0, [BlockStored(chain[:1], None)]), 0.0)
+    approx.record("a", chain, 0.0)  # the guess says a holds all 4: the events say 1
+    approx.record("b", chain[:3], 0.0)  # b publishes nothing: the guess is all we have
+    assert signal.match(chain, 0.0) == {"a": 1, "b": 3}
+    assert signal.match(chain, 0.0, ["b"]) == {"b": 3}
+    assert signal.match(chain, 0.0, ["a"]) == {"a": 1}
+    # With an engine tokenizer the precise half is asked with the engine's own hashes.
+    precise.apply("a", KVEventBatch(0.0, [BlockStored([91, 92], None)]), 0.0)
+    assert signal.match(chain, 0.0, None, engine_block_hashes=[91, 92, 93]) == {"a": 2, "b": 3}

@@ -18,7 +18,7 @@ GEMMA = get_profile("gemma3-270m-cpu")
 
 def _replay(core: EngineCore, index: PreciseIndex, now: float) -> None:
     events = []
-    for kind, parent, hashes in core.scheduler.kv.pool.drain_events():
+    for kind, parent, hashes, _tokens in core.scheduler.kv.pool.drain_events():
         if kind == "stored":
             events.append(BlockStored(hashes, parent))
         elif kind == "removed":
@@ -56,7 +56,7 @@ def test_events_track_the_true_cache_through_eviction_and_reset() -> None:
     assert pool.evictions > evicted_before  # the run did exercise eviction
     # With nothing running a reset empties the cache: one AllBlocksCleared.
     core.reset_prefix_cache()
-    assert pool.drain_events() == [("cleared", None, [])]
+    assert pool.drain_events() == [("cleared", None, [], ())]
 
 
 def test_events_are_off_by_default() -> None:

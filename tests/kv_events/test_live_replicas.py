@@ -45,7 +45,7 @@ async def _engine(tokenizer: Path) -> tuple[EngineServer, web.AppRunner, str]:
     return server, runner, f"http://127.0.0.1:{port}"
 
 
-def _config(url: str, server: EngineServer, tokenizer: Path) -> dict[str, object]:
+def _config(url: str, server: EngineServer, tokenizer: Path, hashes: str) -> dict[str, object]:
     pub = server.publisher
     assert pub is not None
     return {
@@ -58,6 +58,7 @@ def _config(url: str, server: EngineServer, tokenizer: Path) -> dict[str, object
                 "kv_events": {
                     "endpoint": pub.bound_endpoint,
                     "replay_endpoint": pub.bound_replay_endpoint,
+                    "hashes": hashes,
                 },
             }
         ],
@@ -85,11 +86,13 @@ async def cluster(
     server, runner, url = await _engine(tokenizer_path)
     try:
         async with AsyncExitStack() as stack:
+            # Replica 0 indexes the engine's hashes; replica 1 re-keys every stored block
+            # from its token ids (the SGLang path): both must land on the same state.
             gws = [
                 await stack.enter_async_context(
-                    running_gateway(_config(url, server, tokenizer_path))
+                    running_gateway(_config(url, server, tokenizer_path, hashes))
                 )
-                for _ in range(2)
+                for hashes in ("engine", "tokens")
             ]
             yield server, gws
     finally:
@@ -121,6 +124,9 @@ async def test_two_replicas_hold_the_engines_true_cache(
         truth = set(pool.cached)
         assert truth
         views = [g.gateway.kv_events.index for g in gws]  # type: ignore[union-attr]
+        rekeyed = gws[1].gateway.kv_events.subscribers["e0"].rehasher
+        assert gws[0].gateway.kv_events.subscribers["e0"].rehasher is None
+        assert rekeyed is not None and rekeyed.skipped == 0  # every block re-keyed
         assert views[0].blocks_of("e0") == truth
         assert views[1].blocks_of("e0") == truth
         now = 0.0

@@ -8,9 +8,8 @@
 * ``KVCacheManager`` maps requests to their blocks: prefix lookup, slot allocation,
   caching newly filled blocks and freeing.
 
-Cache events (off unless ``BlockPool.events`` is a list): the pool appends
-``(kind, parent_hash, hashes)`` records — ``("stored", parent, [h…])`` when full blocks
-enter the cache map, ``("removed", None, [h])`` when a cached block is evicted or reset,
+Cache events (off unless ``BlockPool.events`` is a list): the pool appends ``CacheEvent``
+records — ``("stored", parent, [h…], token_ids)`` when full blocks enter the cache map, ``("removed", None, [h])`` when a cached block is evicted or reset,
 ``("cleared", None, [])`` when a reset leaves nothing cached. The owner drains them and
 publishes them (engine-sim: vLLM's KV event wire format) or feeds them to an index (sim).
 """
@@ -19,8 +18,14 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import NamedTuple
 
-CacheEvent = tuple[str, int | None, list[int]]
+
+class CacheEvent(NamedTuple):
+    kind: str  # "stored" | "removed" | "cleared"
+    parent: int | None  # stored: hash of the block before the first one (None: root)
+    hashes: list[int]
+    token_ids: Sequence[int] = ()  # stored: the blocks' token ids, when the request has them
 
 
 class BlockPool:
@@ -83,10 +88,10 @@ class BlockPool:
                     del self.cached[h]
                     events = self.events
                     if events is not None:
-                        if events and events[-1][0] == "removed":
-                            events[-1][2].append(h)
+                        if events and events[-1].kind == "removed":
+                            events[-1].hashes.append(h)
                         else:
-                            events.append(("removed", None, [h]))
+                            events.append(CacheEvent("removed", None, [h]))
                 self.evictions += 1
             self.ref_cnt[b] = 1
             out.append(b)
@@ -134,7 +139,9 @@ class BlockPool:
         if self.events is not None and removed:
             # Blocks still in use stay cached (as vLLM keeps them): say exactly what went.
             cleared = not self.cached
-            self.events.append(("cleared", None, []) if cleared else ("removed", None, removed))
+            self.events.append(
+                CacheEvent("cleared", None, []) if cleared else CacheEvent("removed", None, removed)
+            )
         return dropped
 
 
@@ -197,10 +204,16 @@ class KVCacheManager:
         return True
 
     def cache_full_blocks(
-        self, request_id: str, hashes: Sequence[int], num_computed_tokens: int, start: int = 0
+        self,
+        request_id: str,
+        hashes: Sequence[int],
+        num_computed_tokens: int,
+        start: int = 0,
+        token_ids: Sequence[int] | None = None,
     ) -> int:
         """Hash the request's blocks (from index ``start``) that are full of computed
-        prompt tokens; returns the number of leading blocks now hashed."""
+        prompt tokens; returns the number of leading blocks now hashed. ``token_ids``
+        (the prompt's, when known) only goes into the cache events."""
         table = self.tables.get(request_id)
         if not table:
             return start
@@ -213,19 +226,27 @@ class KVCacheManager:
                 if pool.block_hash[b] is None:
                     pool.cache_block(b, hashes[i])
             return max(start, n_full)
+        bs = self.block_size
         run: list[int] = []  # consecutive newly stored blocks → one "stored" event
-        run_parent: int | None = None
+        first = 0
+
+        def emit() -> None:
+            tokens = token_ids[first * bs : (first + len(run)) * bs] if token_ids else ()
+            events.append(
+                CacheEvent("stored", hashes[first - 1] if first > 0 else None, run, tokens)
+            )
+
         for i in range(start, n_full):
             b = table[i]
             if pool.block_hash[b] is None and pool.cache_block(b, hashes[i]):
                 if not run:
-                    run_parent = hashes[i - 1] if i > 0 else None
+                    first = i
                 run.append(hashes[i])
             elif run:
-                events.append(("stored", run_parent, run))
+                emit()
                 run = []
         if run:
-            events.append(("stored", run_parent, run))
+            emit()
         return max(start, n_full)
 
     def free(self, request_id: str) -> None:

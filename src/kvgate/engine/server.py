@@ -197,9 +197,9 @@ class EngineServer:
             return
         bs = self.profile.block_size
         events: list[KVEvent] = []
-        for kind, parent, hashes in raw:
+        for kind, parent, hashes, token_ids in raw:
             if kind == "stored":
-                events.append(BlockStored(hashes, parent, [], bs, None, "GPU"))
+                events.append(BlockStored(hashes, parent, list(token_ids), bs, None, "GPU"))
             elif kind == "removed":
                 events.append(BlockRemoved(hashes, "GPU"))
             else:
@@ -247,10 +247,12 @@ class EngineServer:
     def submit(self, request_id: str, text_pieces: list[str], plan: OutputPlan) -> _Pending:
         now = self.sim_now()
         if self.prompt_hasher is not None:
-            n_tokens, hashes = self.prompt_hasher.hash_text("".join(text_pieces))
+            ids = self.prompt_hasher.token_ids("".join(text_pieces))
+            hashes = self.prompt_hasher.hasher.hashes(ids)
+            req = EngineRequest(request_id, len(ids), hashes, plan.num_tokens, ids)
         else:
-            n_tokens, hashes = len(text_pieces), block_hashes(text_pieces, self.profile.block_size)
-        req = EngineRequest(request_id, n_tokens, hashes, plan.num_tokens)
+            hashes = block_hashes(text_pieces, self.profile.block_size)
+            req = EngineRequest(request_id, len(text_pieces), hashes, plan.num_tokens)
         self.core.add_request(req, now)  # raises ValueError before anything is recorded
         pending = _Pending(plan=plan, arrival=now, prompt_tokens=req.prompt_tokens)
         self._pending[request_id] = pending

@@ -49,7 +49,7 @@ class KvEventFeed:
             raw = engine.scheduler.kv.pool.drain_events()
             if raw:
                 events: list[KVEvent] = []
-                for kind, parent, hashes in raw:
+                for kind, parent, hashes, _tokens in raw:
                     if kind == "stored":
                         events.append(BlockStored(hashes, parent))
                     elif kind == "removed":

@@ -177,3 +177,28 @@ async def test_start_catches_up_from_the_replay_buffer(ctx: zmq.asyncio.Context)
     finally:
         await idle.stop()
         await busy.stop()
+
+
+async def test_a_restart_whose_counter_overtook_ours_is_not_taken_for_a_gap(
+    ctx: zmq.asyncio.Context,
+) -> None:
+    old = await _publisher()
+    sub = _subscriber(old, ctx)
+    try:
+        for i in range(3):
+            old.publish([BlockStored([i], None)])
+            await sub.handle(_frames(old, i))
+    finally:
+        await old.stop()
+    new = await _publisher()  # restarted: published 0..5 before we heard any of it
+    try:
+        sub.replay_endpoint = new.bound_replay_endpoint
+        for i in range(6):
+            new.publish([BlockStored([100 + i], None)])
+        await sub.handle(_frames(new, 5))  # looks like a gap 3..4 at first sight
+        assert sub.index.blocks_of("n") == {100, 101, 102, 103, 104, 105}
+        assert _value(sub, "kvgate_kv_events_resyncs_total", reason="restart") == 1
+        assert _value(sub, "kvgate_kv_events_resyncs_total", reason="gap") == 0
+        assert sub.next_seq == 6
+    finally:
+        await new.stop()

@@ -156,7 +156,15 @@ class KvEventSubscriber:
                 await self._replay(0, seq, first=True)
         elif seq > expected:
             self.metrics.gaps.labels(self.node_id).inc()
-            filled = self.replay_endpoint is not None and (await self._replay(expected, seq))[0]
+            filled = False
+            if self.replay_endpoint is not None:
+                # Ask from the last applied batch too: if the publisher's copy of it differs
+                # from ours, this is a restarted publisher whose counter passed ours.
+                filled, outcome, _ = await self._replay(expected - 1, seq, verify=expected - 1)
+                if outcome == "restarted":
+                    self.resync("restart")
+                    await self._replay(0, seq, first=True)
+                    filled = True
             if not filled:
                 self.resync("gap")
         if self.next_seq is not None and seq < self.next_seq:
@@ -200,10 +208,12 @@ class KvEventSubscriber:
         m.blocks.labels(node).set(self.index.state(node).blocks)
 
     async def _replay(
-        self, start: int, until: int | None, *, first: bool = False
+        self, start: int, until: int | None, *, first: bool = False, verify: int | None = None
     ) -> tuple[bool, str, int]:
         """Apply buffered batches ``start <= seq < until`` (``until`` None: all of them);
-        returns (all of them came, outcome, batches received)."""
+        returns (all of them came, outcome, batches received). ``verify``: a sequence
+        number already applied; if the publisher's batch for it differs from ours, nothing
+        is applied and the outcome is "restarted"."""
         assert self.replay_endpoint is not None
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
@@ -230,6 +240,14 @@ class KvEventSubscriber:
         finally:
             dealer.close(linger=0)
         got.sort()
+        if verify is not None:
+            mine = self._recent.get(verify)
+            theirs = next((p for s, p in got if s == verify), None)
+            if mine is not None and theirs is not None and hash(theirs) != mine:
+                self.metrics.replays.labels(self.node_id, "restarted").inc()
+                return False, "restarted", len(got)
+            got = [(s, p) for s, p in got if s != verify]
+            start = verify + 1
         seqs = [s for s, _ in got]
         end = until if until is not None else (seqs[-1] + 1 if seqs else start)
         complete = seqs == list(range(start, end)) and (until is not None or outcome == "ended")

@@ -12,7 +12,6 @@ BUILTIN_POLICIES = (
     "least_request",
     "round_robin",
     "random",
-    "precise",
 )
 
 

@@ -81,6 +81,7 @@ def start_engines(
     ]  # fmt: skip
     if args.kv_blocks is not None:
         cmd += ["--kv-blocks", str(args.kv_blocks)]
+    cmd += getattr(args, "kv_events_args", [])
     with log.open("wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
     try:
@@ -92,7 +93,7 @@ def start_engines(
 
 
 def start_gateway(
-    policy: str, urls: list[str], args: argparse.Namespace, root: Path
+    policy: str, urls: list[str], args: argparse.Namespace, root: Path, config: Path | None = None
 ) -> tuple[subprocess.Popen[bytes], str]:
     port_file, log = root / f"gateway-{policy}.port", root / f"gateway-{policy}.log"
     cmd = [
@@ -101,6 +102,8 @@ def start_gateway(
     ]  # fmt: skip
     if args.scrape_interval is not None:
         cmd += ["--scrape-interval", str(args.scrape_interval)]
+    if config is not None:
+        cmd += ["--config", str(config)]
     for url in urls:
         cmd += ["--backend", url]
     with log.open("wb") as f:
@@ -111,6 +114,111 @@ def start_gateway(
         _stop(proc)
         raise
     return proc, f"http://127.0.0.1:{port}"
+
+
+# -- policy precise: engines publish KV events, the gateway subscribes ------------------
+
+
+def _free_port_run(count: int) -> int:
+    """A base port with ``count`` consecutive free loopback ports after it."""
+    import socket
+
+    for _ in range(200):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + count > 65535:
+            continue
+        socks = []
+        try:
+            for i in range(count):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError("no run of free ports")
+
+
+def _histogram_quantile(metrics_text: str, name: str, q: float) -> float | None:
+    """Quantile of a Prometheus histogram summed over its labels (linear within a bucket,
+    as PromQL's histogram_quantile)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    buckets: dict[float, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != name:
+            continue
+        for sample in family.samples:
+            if sample.name == name + "_bucket":
+                le = float(sample.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + sample.value
+    if not buckets:
+        return None
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]]
+    if total <= 0:
+        return None
+    rank, prev_bound, prev_count = q * total, 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if bound == float("inf"):
+                return prev_bound
+            width = count - prev_count
+            frac = (rank - prev_count) / width if width > 0 else 1.0
+            return prev_bound + (bound - prev_bound) * frac
+        prev_bound, prev_count = bound, count
+    return bounds[-1]
+
+
+def precise_live_row(
+    args: argparse.Namespace, workload: Any, root: Path
+) -> tuple[dict[str, Any], list[RequestRecord]]:
+    """The ``precise`` row: engine-sim publishing KV events (vLLM wire format) and a
+    gateway subscribed to every engine; adds the event lag p99 to the summary."""
+    import yaml
+
+    base = _free_port_run(2 * args.engines)
+    events, replay = f"tcp://127.0.0.1:{base}", f"tcp://127.0.0.1:{base + args.engines}"
+    saved = args.kv_events_args
+    args.kv_events_args = ["--kv-events-endpoint", events, "--kv-events-replay-endpoint", replay]
+    engines, urls = start_engines(args, root)
+    args.kv_events_args = saved
+    gateway = None
+    try:
+        nodes = [
+            {
+                "id": f"e{i}",
+                "url": url,
+                "engine_type": "sim",
+                "kv_events": {
+                    "endpoint": f"tcp://127.0.0.1:{base + i}",
+                    "replay_endpoint": f"tcp://127.0.0.1:{base + args.engines + i}",
+                },
+            }
+            for i, url in enumerate(urls)
+        ]
+        config = root / "precise.yaml"
+        config.write_text(yaml.safe_dump({"nodes": nodes, "routing": {"policy": "precise"}}))
+        gateway, args.target = start_gateway("precise", [], args, root, config=config)
+        time.sleep(0.5)
+        result = asyncio.run(bench_once(args, workload, title="precise"))
+        with urllib.request.urlopen(args.target + "/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    finally:
+        if gateway is not None:
+            _stop(gateway)
+        _stop(engines)
+    summary = summarize_result(result, args.ttft_slo)
+    for q in (0.5, 0.99):
+        lag = _histogram_quantile(text, "kvgate_kv_events_lag_seconds", q)
+        summary[f"kv_event_lag_p{int(q * 100)}_s"] = lag
+    return summary, result.records
 
 
 def sim_hit_rates(args: argparse.Namespace, workload: Any, policies: list[str]) -> dict[str, Any]:
@@ -155,7 +263,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kvgate-compare-live-") as tmp:
         root = Path(tmp)
+        args.kv_events_args = []
         for policy in policies:
+            if policy == "precise":
+                results[policy], records[policy] = precise_live_row(args, workload, root)
+                continue
             engines, urls = start_engines(args, root)  # fresh: empty caches per policy
             gateway = None
             try:
@@ -196,6 +308,11 @@ def main(argv: list[str] | None = None) -> int:
         baseline=policies[0],
     )
     print(markdown_table(results, baseline=policies[0]))
+    if "precise" in results:
+        row = results["precise"]
+        p50, p99 = row.get("kv_event_lag_p50_s"), row.get("kv_event_lag_p99_s")
+        print(f"precise: KV event lag p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms"
+              if p50 is not None and p99 is not None else "precise: no KV event batches applied")  # fmt: skip
     if args.with_sim:
         for p, r in results.items():
             print(f"{p}: live hit rate {r['cache_hit_rate']}, sim {r.get('sim_cache_hit_rate')}")

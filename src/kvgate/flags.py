@@ -29,6 +29,11 @@ FLAG_SPECS: tuple[FlagSpec, ...] = (
     ),
     FlagSpec("load_guard", True, "affinity may send work to an overloaded node"),
     FlagSpec("hit_feedback", True, "predicted hits are never checked; no (node, prefix) demotion"),
+    FlagSpec(
+        "precise_events",
+        True,
+        "engine KV cache events are ignored; policy precise routes on the approximate index",
+    ),
     FlagSpec("cold_boost", True, "new or re-registered nodes get no routing boost"),
     FlagSpec("retries", True, "a failed dispatch returns 502 at once"),
     FlagSpec("retry_budget", True, "retries are limited only by routing.max_retries"),

@@ -78,6 +78,10 @@ class RouteRequest:
     tenant: str = "default"
     priority: int = 0
     pool: str | None = None  # restrict to a node pool (degrade path)
+    # The prompt's block hashes as its engine computes them (model tokenizer, vLLM hash),
+    # when configured; None: the engine hashes with kvgate's text model (block_hashes).
+    engine_block_hashes: list[int] | None = None
+    engine_prompt_tokens: int | None = None
 
     @property
     def total_tokens_estimate(self) -> int:

@@ -10,10 +10,13 @@ import signal
 import sys
 from pathlib import Path
 
+import zmq
 from aiohttp import web
 
 from kvgate.engine.profiles import PROFILES, get_profile
 from kvgate.engine.server import EngineServer
+from kvgate.kv_events.publisher import KvEventPublisher, offset_endpoint
+from kvgate.kv_events.tokenizer import PromptHasher
 
 log = logging.getLogger("kvgate.engine")
 
@@ -40,6 +43,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--port-file", default=None, help="write the bound ports here, one a line, when ready"
     )
+    parser.add_argument(
+        "--kv-events-endpoint",
+        default=None,
+        help="publish KV cache events (vLLM wire format) on this ZMQ PUB endpoint, e.g. "
+        "tcp://127.0.0.1:5557; engine i of --count adds i to the port",
+    )
+    parser.add_argument(
+        "--kv-events-replay-endpoint",
+        default=None,
+        help="ZMQ ROUTER endpoint serving missed event batches, e.g. tcp://127.0.0.1:5657",
+    )
+    parser.add_argument("--kv-events-topic", default="", help="topic frame of each message")
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer.json: key the KV cache by its token ids hashed as vLLM does "
+        "(sha256_cbor chain) instead of kvgate's text model",
+    )
+    parser.add_argument(
+        "--hash-seed",
+        default=os.environ.get("PYTHONHASHSEED", "0"),
+        help="vLLM's NONE_HASH seed (its PYTHONHASHSEED; default: $PYTHONHASHSEED or 0)",
+    )
+    parser.add_argument(
+        "--hash-algo", default="sha256_cbor", choices=("sha256_cbor", "xxhash_cbor")
+    )
 
 
 def _validate(args: argparse.Namespace) -> str | None:
@@ -51,6 +80,8 @@ def _validate(args: argparse.Namespace) -> str | None:
         value = getattr(args, name)
         if value is not None and value < 1:
             return f"--{name.replace('_', '-')} must be >= 1"
+    if args.kv_events_replay_endpoint and not args.kv_events_endpoint:
+        return "--kv-events-replay-endpoint needs --kv-events-endpoint"
     return None
 
 
@@ -64,8 +95,24 @@ def _ports(args: argparse.Namespace) -> list[int]:
     return [args.base_port + i for i in range(args.count)]
 
 
+def _publisher(args: argparse.Namespace, i: int) -> KvEventPublisher | None:
+    if not args.kv_events_endpoint:
+        return None
+    replay = args.kv_events_replay_endpoint
+    return KvEventPublisher(
+        offset_endpoint(args.kv_events_endpoint, i),
+        replay_endpoint=offset_endpoint(replay, i) if replay else None,
+        topic=args.kv_events_topic,
+    )
+
+
 async def _serve(args: argparse.Namespace) -> int:
     profile = get_profile(args.profile)
+    hasher = None
+    if args.tokenizer:
+        hasher = PromptHasher(
+            args.tokenizer, block_size=profile.block_size, algo=args.hash_algo, seed=args.hash_seed
+        )
     servers = [
         EngineServer(
             profile,
@@ -76,6 +123,8 @@ async def _serve(args: argparse.Namespace) -> int:
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_model_len=args.max_model_len,
+            kv_events=_publisher(args, i),
+            prompt_hasher=hasher,
         )
         for i in range(args.count)
     ]
@@ -135,6 +184,6 @@ def run(args: argparse.Namespace) -> int:
         pass
     try:
         return asyncio.run(_serve(args))
-    except OSError as exc:
+    except (OSError, ValueError, zmq.ZMQError) as exc:  # a taken port, a bad tokenizer file
         print(f"kvgate engine-sim: {exc}", file=sys.stderr)
         return 1

@@ -286,7 +286,11 @@ class EngineCore:
             seq.num_computed += new if steps == 1 else steps
             if seq.num_hashed_blocks < len(seq.req.block_hashes):
                 seq.num_hashed_blocks = kv.cache_full_blocks(
-                    seq.request_id, seq.req.block_hashes, seq.num_computed, seq.num_hashed_blocks
+                    seq.request_id,
+                    seq.req.block_hashes,
+                    seq.num_computed,
+                    seq.num_hashed_blocks,
+                    seq.req.token_ids,
                 )
             if seq.num_computed < seq.num_tokens:
                 continue  # prefill chunk, no token sampled yet

@@ -7,12 +7,25 @@
   out again (evicted), so a later request with the same prefix reuses it.
 * ``KVCacheManager`` maps requests to their blocks: prefix lookup, slot allocation,
   caching newly filled blocks and freeing.
+
+Cache events (off unless ``BlockPool.events`` is a list): the pool appends ``CacheEvent``
+records — ``("stored", parent, [h…], token_ids)`` when full blocks enter the cache map, ``("removed", None, [h])`` when a cached block is evicted or reset,
+``("cleared", None, [])`` when a reset leaves nothing cached. The owner drains them and
+publishes them (engine-sim: vLLM's KV event wire format) or feeds them to an index (sim).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import NamedTuple
+
+
+class CacheEvent(NamedTuple):
+    kind: str  # "stored" | "removed" | "cleared"
+    parent: int | None  # stored: hash of the block before the first one (None: root)
+    hashes: list[int]
+    token_ids: Sequence[int] = ()  # stored: the blocks' token ids, when the request has them
 
 
 class BlockPool:
@@ -32,6 +45,15 @@ class BlockPool:
         self._fresh = 0
         self.free_queue: OrderedDict[int, None] = OrderedDict()  # values unused
         self.evictions = 0
+        self.events: list[CacheEvent] | None = None  # None: no cache events recorded
+
+    def drain_events(self) -> list[CacheEvent]:
+        """Cache events recorded since the last drain (empty when events are off)."""
+        events = self.events
+        if not events:
+            return []
+        self.events = []
+        return events
 
     @property
     def num_free(self) -> int:
@@ -101,21 +123,29 @@ class BlockPool:
                 self.block_hash[b] = None
                 if self.cached.get(h) == b:
                     del self.cached[h]
+                    events = self.events
+                    if events is not None:
+                        if events and events[-1].kind == "removed":
+                            events[-1].hashes.append(h)
+                        else:
+                            events.append(CacheEvent("removed", None, [h]))
                 self.evictions += 1
             ref_cnt[b] = 1
             out.append(b)
         return out
 
-    def cache_block(self, block: int, h: int) -> None:
-        """Record that ``block`` now holds the full block with hash ``h``."""
+    def cache_block(self, block: int, h: int) -> bool:
+        """Record that ``block`` now holds the full block with hash ``h``; True when it
+        entered the cache map."""
         if self.block_hash[block] is not None:
-            return
+            return False
         if h in self.cached:
             # Another block already holds this content (computed concurrently); keep
             # the first, this copy stays private to its request.
-            return
+            return False
         self.block_hash[block] = h
         self.cached[h] = block
+        return True
 
     def free(self, blocks: Sequence[int]) -> None:
         """Drop one reference from each block of a request.
@@ -140,13 +170,21 @@ class BlockPool:
     def reset_prefix_cache(self) -> int:
         """Forget the hashes of all free cached blocks; returns how many were dropped."""
         dropped = 0
+        removed: list[int] = []
         for b in self.free_queue:
             h = self.block_hash[b]
             if h is not None:
                 self.block_hash[b] = None
                 if self.cached.get(h) == b:
                     del self.cached[h]
+                    removed.append(h)
                 dropped += 1
+        if self.events is not None and removed:
+            # Blocks still in use stay cached (as vLLM keeps them): say exactly what went.
+            cleared = not self.cached
+            self.events.append(
+                CacheEvent("cleared", None, []) if cleared else CacheEvent("removed", None, removed)
+            )
         return dropped
 
 
@@ -161,6 +199,11 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks)
         self.block_size = block_size
         self.tables: dict[str, list[int]] = {}
+
+    def enable_events(self) -> None:
+        """Start recording cache events (``pool.drain_events`` hands them out)."""
+        if self.pool.events is None:
+            self.pool.events = []
 
     def cached_prefix_blocks(self, hashes: Sequence[int], num_prompt_tokens: int) -> list[int]:
         """Cached blocks a new request can reuse.
@@ -206,25 +249,55 @@ class KVCacheManager:
         return True
 
     def cache_full_blocks(
-        self, request_id: str, hashes: Sequence[int], num_computed_tokens: int, start: int = 0
+        self,
+        request_id: str,
+        hashes: Sequence[int],
+        num_computed_tokens: int,
+        start: int = 0,
+        token_ids: Sequence[int] | None = None,
     ) -> int:
         """Hash the request's blocks (from index ``start``) that are full of computed
-        prompt tokens; returns the number of leading blocks now hashed."""
+        prompt tokens; returns the number of leading blocks now hashed. ``token_ids``
+        (the prompt's, when known) only goes into the cache events."""
         table = self.tables.get(request_id)
         if not table:
             return start
         n_full = min(num_computed_tokens // self.block_size, len(hashes), len(table))
         pool = self.pool
-        block_hash = pool.block_hash
-        cached = pool.cached
+        events = pool.events
+        if events is None:
+            block_hash = pool.block_hash
+            cached = pool.cached
+            for i in range(start, n_full):
+                b = table[i]
+                if block_hash[b] is None:
+                    # pool.cache_block(b, hashes[i]), inlined: this loop runs per prompt block
+                    h = hashes[i]
+                    if h not in cached:
+                        block_hash[b] = h
+                        cached[h] = b
+            return max(start, n_full)
+        bs = self.block_size
+        run: list[int] = []  # consecutive newly stored blocks → one "stored" event
+        first = 0
+
+        def emit() -> None:
+            tokens = token_ids[first * bs : (first + len(run)) * bs] if token_ids else ()
+            events.append(
+                CacheEvent("stored", hashes[first - 1] if first > 0 else None, run, tokens)
+            )
+
         for i in range(start, n_full):
             b = table[i]
-            if block_hash[b] is None:
-                # pool.cache_block(b, hashes[i]), inlined: this loop runs per prompt block
-                h = hashes[i]
-                if h not in cached:
-                    block_hash[b] = h
-                    cached[h] = b
+            if pool.block_hash[b] is None and pool.cache_block(b, hashes[i]):
+                if not run:
+                    first = i
+                run.append(hashes[i])
+            elif run:
+                emit()
+                run = []
+        if run:
+            emit()
         return max(start, n_full)
 
     def free(self, request_id: str) -> None:

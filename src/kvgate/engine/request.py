@@ -20,6 +20,7 @@ class EngineRequest:
     prompt_tokens: int
     block_hashes: list[int]
     output_tokens: int
+    token_ids: list[int] | None = None  # the prompt's ids, when tokenized (cache events)
 
     @classmethod
     def from_text(

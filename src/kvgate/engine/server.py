@@ -27,6 +27,9 @@ from kvgate.engine.metrics import EngineMetrics
 from kvgate.engine.outputs import OutputPlan, plan_output
 from kvgate.engine.profiles import Profile
 from kvgate.engine.request import EngineEvent, EngineRequest, EventKind
+from kvgate.kv_events.publisher import KvEventPublisher
+from kvgate.kv_events.tokenizer import PromptHasher
+from kvgate.kv_events.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from kvgate.prompts import PromptError, completion_prompt, render_chat
 from kvgate.tokens import block_hashes, tokenize
 
@@ -124,7 +127,12 @@ class EngineServer:
         registry: CollectorRegistry | None = None,
         min_tick: float = 0.002,
         wall_clock: Callable[[], float] = time.monotonic,
+        kv_events: KvEventPublisher | None = None,
+        prompt_hasher: PromptHasher | None = None,
     ) -> None:
+        """``kv_events``: publish the cache's KV events (vLLM's wire format) there.
+        ``prompt_hasher``: key the cache by the model tokenizer's token ids, hashed as vLLM
+        does (else kvgate's text model)."""
         if time_scale <= 0:
             raise ValueError("time_scale must be > 0")
         self.core = EngineCore(
@@ -135,6 +143,12 @@ class EngineServer:
             max_model_len=max_model_len,
         )
         self.profile = self.core.profile
+        self.publisher = kv_events
+        self.prompt_hasher = prompt_hasher
+        if prompt_hasher is not None and prompt_hasher.block_size != self.profile.block_size:
+            raise ValueError("the prompt hasher's block size must be the profile's")
+        if kv_events is not None:
+            self.core.scheduler.kv.enable_events()
         self.model_name = model_name or profile.model
         self.time_scale = time_scale
         self.min_tick = min_tick
@@ -160,6 +174,8 @@ class EngineServer:
         return (self._wall() - self._t0) * self.time_scale
 
     async def start(self) -> None:
+        if self.publisher is not None:
+            await self.publisher.start()
         self._wake = asyncio.Event()
         self._driver = asyncio.create_task(self._drive())
 
@@ -169,6 +185,26 @@ class EngineServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._driver
             self._driver = None
+        if self.publisher is not None:
+            await self.publisher.stop()
+
+    def publish_cache_events(self) -> None:
+        """Send the KV cache events recorded since the last call as one batch."""
+        if self.publisher is None:
+            return
+        raw = self.core.scheduler.kv.pool.drain_events()
+        if not raw:
+            return
+        bs = self.profile.block_size
+        events: list[KVEvent] = []
+        for kind, parent, hashes, token_ids in raw:
+            if kind == "stored":
+                events.append(BlockStored(hashes, parent, list(token_ids), bs, None, "GPU"))
+            elif kind == "removed":
+                events.append(BlockRemoved(hashes, "GPU"))
+            else:
+                events.append(AllBlocksCleared())
+        self.publisher.publish(events)
 
     def fail_pending(self, status: int, message: str) -> None:
         """Answer every in-flight and later request with an error (driver failure,
@@ -179,6 +215,7 @@ class EngineServer:
             p.queue.put_nowait(EngineEvent(EventKind.FAILED, rid, now))
 
     def _dispatch(self, events: list[EngineEvent]) -> None:
+        self.publish_cache_events()
         for ev in events:
             p = self._pending.get(ev.request_id)
             if p is not None:
@@ -209,15 +246,17 @@ class EngineServer:
 
     def submit(self, request_id: str, text_pieces: list[str], plan: OutputPlan) -> _Pending:
         now = self.sim_now()
-        req = EngineRequest(
-            request_id,
-            len(text_pieces),
-            block_hashes(text_pieces, self.profile.block_size),
-            plan.num_tokens,
-        )
+        if self.prompt_hasher is not None:
+            ids = self.prompt_hasher.token_ids("".join(text_pieces))
+            hashes = self.prompt_hasher.hasher.hashes(ids)
+            req = EngineRequest(request_id, len(ids), hashes, plan.num_tokens, ids)
+        else:
+            hashes = block_hashes(text_pieces, self.profile.block_size)
+            req = EngineRequest(request_id, len(text_pieces), hashes, plan.num_tokens)
+        self.core.add_request(req, now)  # raises ValueError before anything is recorded
         pending = _Pending(plan=plan, arrival=now, prompt_tokens=req.prompt_tokens)
         self._pending[request_id] = pending
-        self.core.add_request(req, now)
+        self.publish_cache_events()
         if self._wake is not None:
             self._wake.set()
         return pending
@@ -226,6 +265,7 @@ class EngineServer:
         self._pending.pop(request_id, None)
         if abort:
             self.core.abort(request_id, self.sim_now())
+            self.publish_cache_events()
 
     # ---- HTTP -----------------------------------------------------------------------
 
@@ -264,6 +304,7 @@ class EngineServer:
 
     async def handle_reset(self, request: web.Request) -> web.Response:
         self.core.reset_prefix_cache()
+        self.publish_cache_events()
         return web.Response(status=200)
 
     async def handle_completions(self, request: web.Request) -> web.StreamResponse:
@@ -290,7 +331,10 @@ class EngineServer:
         request_id, pieces, plan, stream, include_usage = parsed
         if self._failed:
             return error_response(*self._failed, None, "engine_failed")
-        pending = self.submit(request_id, pieces, plan)
+        try:
+            pending = self.submit(request_id, pieces, plan)
+        except ValueError as exc:  # e.g. the tokenizer's count exceeds max_model_len
+            return error_response(400, str(exc), "messages" if chat else "prompt")
         finished = False
         try:
             if stream:

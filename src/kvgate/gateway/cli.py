@@ -113,7 +113,11 @@ def run(args: argparse.Namespace) -> int:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     except ImportError:
         pass
-    app = create_app(config)
+    try:
+        app = create_app(config)
+    except ValueError as exc:  # e.g. a tokenizer file that does not load
+        print(f"kvgate serve: invalid config: {exc}", file=sys.stderr)
+        return 2
     asyncio.run(_serve(app, config.server.host, config.server.port, args.port_file))
     return 0
 

@@ -12,6 +12,7 @@ from kvgate.adapters import ENGINE_TYPES
 from kvgate.admission.config import AdmissionConfig
 from kvgate.calibrate.config import CapacityProfileConfig
 from kvgate.flags import FLAG_NAMES
+from kvgate.kv_events.config import EVENT_ENGINE_TYPES, KvEventsConfig, NodeEventsConfig
 from kvgate.pipeline.config import PipelineConfig
 from kvgate.routing.config import RoutingConfig
 from kvgate.types import NodeSpec
@@ -50,6 +51,16 @@ class NodeConfig(_Strict):
     kv_capacity_tokens: int | None = Field(default=None, gt=0)
     model_version: str | None = None  # capacity profile reference (default: the model)
     deployment: str | None = None  # capacity profile reference (default: "default")
+    kv_events: NodeEventsConfig | None = None  # the engine's KV event stream (ZMQ)
+
+    @model_validator(mode="after")
+    def _publishes_events(self) -> NodeConfig:
+        if self.kv_events is not None and self.engine_type not in EVENT_ENGINE_TYPES:
+            raise ValueError(
+                f"kv_events: engine type {self.engine_type!r} publishes no KV events "
+                f"(only {', '.join(EVENT_ENGINE_TYPES)})"
+            )
+        return self
 
     @field_validator("url")
     @classmethod
@@ -100,6 +111,7 @@ class GatewayConfig(_Strict):
     auth: AuthConfig = Field(default_factory=AuthConfig)
     scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)  # retry budget, outliers
+    kv_events: KvEventsConfig = Field(default_factory=KvEventsConfig)
     store: str = "memory://"
     flags: dict[str, bool] = {}
     capacity_profiles: list[CapacityProfileConfig] = []

@@ -26,6 +26,7 @@ from kvgate.gateway.metrics import GatewayMetrics
 from kvgate.gateway.proxy import Proxy
 from kvgate.gateway.registry import NodeRegistry
 from kvgate.gateway.scraper import Scraper, discover_model
+from kvgate.kv_events.hub import KvEventHub
 from kvgate.pipeline import RequestPipeline, engine_kv_capacity, engine_kv_tokens
 from kvgate.routing.node_view import NodeView
 from kvgate.routing.router import Router
@@ -64,6 +65,8 @@ class Gateway:
         self.router = Router(
             config.routing, self.nodes, flags=self.flags, clock=self.clock, registry=self.registry
         )
+        # Always present (no sockets until a node with an event endpoint is added).
+        self.kv_events = KvEventHub(config.kv_events, self.nodes, registry=self.registry)
         self.tenants = TenantDirectory(config.admission)
         self.admission = AdmissionController(
             config.admission,
@@ -160,6 +163,8 @@ class Gateway:
         )
         for node, model in zip(self.config.nodes, models, strict=True):
             self.add_node(node.spec(model), "config")
+            if node.kv_events is not None:
+                self.kv_events.add(node.id, node.kv_events, node.engine_type)
         self.proxy = Proxy(
             session=self.session,
             pipeline=self.pipeline,
@@ -237,6 +242,7 @@ class Gateway:
         if self.node_registry:
             await self.node_registry.stop()
         await self.admission.stop()
+        await self.kv_events.stop()
         if self.session:
             await self.session.close()
         if self._owns_store:

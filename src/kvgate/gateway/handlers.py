@@ -219,6 +219,7 @@ async def _generate(
             priority=priority,
             config=gateway.config.routing.route_key,
             model=model,
+            engine_hashes=gateway.kv_events.engine_hashes if gateway.kv_events.hashers else None,
         )
     except PromptError as exc:
         raise _prompt_error(exc) from None

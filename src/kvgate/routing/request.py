@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from kvgate.prompts import (
@@ -52,11 +52,14 @@ def build_route_request(
     priority: int,
     config: RouteKeyConfig,
     model: str | None = None,
+    engine_hashes: Callable[[str, str], tuple[int, list[int]] | None] | None = None,
 ) -> RouteRequest:
     """Render the canonical prompt, hash its blocks and derive the route key.
 
     ``model``: the served model the request resolved to (default: the body's field); the
     route key is built with it, so nothing changes the route's model afterwards.
+    ``engine_hashes(model, text)``, when given, hashes the prompt the way the model's
+    engine does (its tokenizer; see ``kvgate.kv_events``) for the precise cache signal.
     """
     if not isinstance(body, Mapping):
         raise PromptError("the request body must be a JSON object")
@@ -79,6 +82,7 @@ def build_route_request(
         key = route_key(model, prefix_digest(stable, kb_version_for(headers, config)))
     else:
         raise PromptError(f"unknown endpoint {endpoint!r}")
+    engine = engine_hashes(model, text) if engine_hashes is not None else None
     return RouteRequest(
         request_id=request_id,
         model=model,
@@ -88,6 +92,8 @@ def build_route_request(
         max_tokens=max_tokens,
         tenant=tenant,
         priority=priority,
+        engine_block_hashes=engine[1] if engine is not None else None,
+        engine_prompt_tokens=engine[0] if engine is not None else None,
     )
 
 

@@ -49,6 +49,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--flag", action="append", default=[], help="NAME=on|off (kvgate.flags), repeatable"
     )
+    parser.add_argument(
+        "--kv-event-delay",
+        type=float,
+        default=0.05,
+        help="seconds from an engine's KV cache event to the precise index (policy precise)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write JSON/CSV/MD/PNG here")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
 
@@ -87,6 +93,7 @@ def build(args: argparse.Namespace) -> tuple[Any, SimConfig, list[str]]:
         events=[parse_event(e) for e in args.event],
         flags=_flags(args.flag),
         degrade_modes={"batch": "low_priority"} if args.admission == "on" else {},
+        kv_event_delay_s=args.kv_event_delay,
     )
     return workload, config, policies
 

@@ -61,6 +61,7 @@ from kvgate.routing.policies import register_policy
 from kvgate.routing.request import route_request_from_tokens
 from kvgate.routing.router import Router
 from kvgate.sim.events import ClusterEvent
+from kvgate.sim.kv_event_feed import feed_for
 from kvgate.sim.reference_policies import OraclePolicy, SmgApproxPolicy
 from kvgate.store import open_store
 from kvgate.types import AdmissionKind, AdmissionRequest, NodeSpec
@@ -92,6 +93,7 @@ class SimConfig:
     # the admission config to use as is (None: built from the workload's tenant hints)
     admission_config: AdmissionConfig | None = None
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    kv_event_delay_s: float = 0.05  # engine KV event → precise index (policy precise)
 
 
 @dataclass(slots=True)
@@ -145,6 +147,7 @@ class ClusterSim:
             routing, self.nodes, flags=self.flags, clock=self.clock, rng=random.Random(config.seed)
         )
         self.adapter = SimAdapter()
+        self.kv_feed = feed_for(policy, self.nodes, config.kv_event_delay_s)
         for i in range(config.nodes):
             self._start_node(f"node-{i}")
         self.admission: AdmissionCore | None = None
@@ -187,6 +190,8 @@ class ClusterSim:
         engine = EngineCore(self.profile, kv_blocks=self.kv_blocks, token_events=False)
         engine.now = self.clock.now()
         self.engines[node_id] = engine
+        if self.kv_feed is not None:
+            self.kv_feed.attach(node_id, engine)
         self.dead.discard(node_id)
         capacity = engine.profile.num_gpu_blocks * engine.profile.block_size
         self.nodes.add_node(
@@ -336,6 +341,8 @@ class ClusterSim:
 
     def _dispatch(self, live: _Live, now: float) -> None:
         flow = live.flow
+        if self.kv_feed is not None:
+            self.kv_feed.deliver(now)
         while True:
             try:
                 decision = self.pipeline.next_attempt(flow)

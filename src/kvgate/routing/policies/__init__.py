@@ -10,6 +10,7 @@ from kvgate.routing.policies.base import (
     register_policy,
 )
 from kvgate.routing.policies.hybrid import CacheAwarePolicy, HybridPolicy
+from kvgate.routing.policies.precise import PrecisePolicy
 from kvgate.routing.policies.simple import (
     ConsistentHashPolicy,
     LeastLoadPolicy,
@@ -26,6 +27,7 @@ for _factory in (
     LeastRequestPolicy,
     RoundRobinPolicy,
     RandomPolicy,
+    PrecisePolicy,
 ):
     register_policy(_factory.name, _factory)
 
@@ -37,6 +39,7 @@ __all__ = [
     "LeastRequestPolicy",
     "Policy",
     "PolicyFactory",
+    "PrecisePolicy",
     "RandomPolicy",
     "RoundRobinPolicy",
     "RoutingContext",

@@ -1,0 +1,149 @@
+"""One gateway replica's KV-event path: a subscriber per publishing node, one index.
+
+Every replica runs its own hub on the same streams, so replicas agree on each node's cache
+without sharing state. The hub binds its index to the router's node view (policy
+``precise`` reads it from there) and follows the node view: a removed node's entries go,
+a re-registered (restarted) node is resynced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import zmq.asyncio
+from prometheus_client import CollectorRegistry
+
+from kvgate.kv_events.config import KvEventsConfig, NodeEventsConfig
+from kvgate.kv_events.hashing import TokenBlockHasher
+from kvgate.kv_events.index import PreciseIndex
+from kvgate.kv_events.metrics import KvEventMetrics
+from kvgate.kv_events.rehash import TokenRehasher
+from kvgate.kv_events.signal import PreciseSignal, bind_signal, unbind_signal
+from kvgate.kv_events.subscriber import KvEventSubscriber
+from kvgate.kv_events.tokenizer import PromptHasher
+from kvgate.routing.node_view import NodeView
+
+log = logging.getLogger(__name__)
+
+
+def load_hashers(config: KvEventsConfig) -> dict[str, PromptHasher]:
+    hashers: dict[str, PromptHasher] = {}
+    for model, path in config.tokenizers.items():
+        try:
+            hashers[model] = PromptHasher(
+                path, block_size=config.block_size, algo=config.hash_algo, seed=config.hash_seed
+            )
+        except ValueError as exc:
+            raise ValueError(f"kv_events.tokenizers.{model}: {exc}") from None
+    return hashers
+
+
+class KvEventHub:
+    def __init__(
+        self,
+        config: KvEventsConfig,
+        node_view: NodeView,
+        *,
+        registry: CollectorRegistry | None = None,
+        now: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.node_view = node_view
+        self.index = PreciseIndex()
+        self.metrics = KvEventMetrics(registry)
+        self.signal = PreciseSignal(self.index, self.metrics, config.block_size)
+        self.hashers = load_hashers(config)
+        self.subscribers: dict[str, KvEventSubscriber] = {}
+        self._now = now
+        self._ctx: zmq.asyncio.Context | None = None
+        self._stopping: set[asyncio.Task[None]] = set()
+        bind_signal(node_view, self.signal)
+        node_view.subscribe(on_remove=self.remove, on_reregister=self._reregistered)
+
+    # -- prompts -----------------------------------------------------------------------
+    def engine_hashes(self, model: str, text: str) -> tuple[int, list[int]] | None:
+        """(engine prompt tokens, engine block hashes) for a model with a tokenizer."""
+        hasher = self.hashers.get(model)
+        return hasher.hash_text(text) if hasher is not None else None
+
+    # -- nodes -------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._ctx is None:
+            self._ctx = zmq.asyncio.Context()
+
+    def add(
+        self, node_id: str, events: NodeEventsConfig, engine_type: str = "vllm"
+    ) -> KvEventSubscriber:
+        self.start()
+        assert self._ctx is not None
+        old = self.subscribers.pop(node_id, None)
+        if old is not None:
+            self._stop_later(old)
+        sub = KvEventSubscriber(
+            node_id,
+            events.endpoint,
+            index=self.index,
+            metrics=self.metrics,
+            context=self._ctx,
+            replay_endpoint=events.replay_endpoint,
+            topic=events.topic,
+            now=self._now,
+            replay_timeout_s=self.config.replay_timeout_s,
+            rehasher=self._rehasher() if events.hash_source(engine_type) == "tokens" else None,
+        )
+        self.subscribers[node_id] = sub
+        sub.start()
+        log.info("kv events: subscribed to %s at %s", node_id, events.endpoint)
+        return sub
+
+    def _rehasher(self) -> TokenRehasher:
+        cfg = self.config
+        return TokenRehasher(TokenBlockHasher(cfg.block_size, cfg.hash_algo, cfg.hash_seed))
+
+    def remove(self, node_id: str) -> None:
+        sub = self.subscribers.pop(node_id, None)
+        if sub is not None:
+            self._stop_later(sub)
+        self.index.forget(node_id)
+
+    def _stop_later(self, sub: KvEventSubscriber) -> None:
+        task = asyncio.get_running_loop().create_task(sub.stop())
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+
+    def _reregistered(self, node_id: str) -> None:
+        sub = self.subscribers.get(node_id)
+        if sub is not None:
+            sub.resync("reregister")
+        else:
+            self.index.resync(node_id)
+
+    async def stop(self) -> None:
+        subs = list(self.subscribers.values())
+        self.subscribers.clear()
+        await asyncio.gather(*(s.stop() for s in subs), *self._stopping, return_exceptions=True)
+        unbind_signal(self.node_view)
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+    # -- observability -----------------------------------------------------------------
+    def lag_quantile(self, q: float) -> float | None:
+        lags = sorted(lag for s in self.subscribers.values() for lag in s.lags)
+        if not lags:
+            return None
+        return lags[min(len(lags) - 1, int(q * len(lags)))]
+
+    def snapshot(self) -> dict[str, object]:
+        return {
+            node_id: {
+                "synced": self.index.is_synced(node_id),
+                "blocks": self.index.state(node_id).blocks,
+                "next_seq": sub.next_seq,
+                "applied": sub.applied,
+            }
+            for node_id, sub in self.subscribers.items()
+        }

@@ -1,0 +1,189 @@
+"""The precise index: per node, the block hashes its engine says are cached.
+
+Built only from KV cache events (``apply``), never from where the gateway sent work, so
+every gateway replica that reads the same event streams holds the same index. Plain,
+clock-free and synchronous: the live subscriber and the simulator's event feed drive it.
+
+A node is *synced* while its stream is known to be complete from some point on (events
+flow, no unfilled gap since the last resync). ``match`` answers only for synced nodes;
+routing falls back to the approximate index for the others (``synced_nodes``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from kvgate.kv_events.wire import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+    KVEventBatch,
+)
+
+# Media whose blocks a request can hit in the engine's prefix cache. vLLM marks offloaded
+# copies (e.g. "CPU") with other media; those are not on-device hits.
+DEVICE_MEDIA = frozenset({None, "GPU", "gpu"})
+
+
+@dataclass(slots=True)
+class NodeEventState:
+    synced: bool = False
+    last_seq: int | None = None
+    last_event_ts: float | None = None  # engine-side timestamp of the last batch
+    last_applied_at: float | None = None  # our clock when we applied it
+    blocks: int = 0
+    batches: int = 0
+
+
+class PreciseIndex:
+    def __init__(self) -> None:
+        self._holders: dict[int, set[str]] = {}  # block hash → nodes holding it
+        self._by_node: dict[str, set[int]] = {}
+        self.states: dict[str, NodeEventState] = {}
+
+    # -- state -------------------------------------------------------------------------
+    def state(self, node_id: str) -> NodeEventState:
+        st = self.states.get(node_id)
+        if st is None:
+            st = self.states[node_id] = NodeEventState()
+        return st
+
+    def is_synced(self, node_id: str) -> bool:
+        st = self.states.get(node_id)
+        return st is not None and st.synced
+
+    def synced_nodes(self) -> frozenset[str]:
+        return frozenset(n for n, st in self.states.items() if st.synced)
+
+    def blocks_of(self, node_id: str) -> frozenset[int]:
+        return frozenset(self._by_node.get(node_id, ()))
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self._by_node.values())
+
+    # -- updates -----------------------------------------------------------------------
+    def apply(self, node_id: str, batch: KVEventBatch, now: float, seq: int | None = None) -> None:
+        """Apply one batch in stream order; the node counts as synced from now on."""
+        for ev in batch.events:
+            self.apply_event(node_id, ev)
+        st = self.state(node_id)
+        st.synced = True
+        st.batches += 1
+        st.last_event_ts = batch.ts
+        st.last_applied_at = now
+        if seq is not None:
+            st.last_seq = seq
+        st.blocks = len(self._by_node.get(node_id, ()))
+
+    def apply_event(self, node_id: str, ev: KVEvent) -> None:
+        if isinstance(ev, BlockStored):
+            if ev.medium not in DEVICE_MEDIA:
+                return
+            held = self._by_node.setdefault(node_id, set())
+            holders = self._holders
+            for h in ev.block_hashes:
+                if h not in held:
+                    held.add(h)
+                    nodes = holders.get(h)
+                    if nodes is None:
+                        holders[h] = {node_id}
+                    else:
+                        nodes.add(node_id)
+        elif isinstance(ev, BlockRemoved):
+            if ev.medium not in DEVICE_MEDIA:
+                return
+            self._remove(node_id, ev.block_hashes)
+        elif isinstance(ev, AllBlocksCleared):
+            self._clear(node_id)
+
+    def _remove(self, node_id: str, hashes: Iterable[int]) -> None:
+        held = self._by_node.get(node_id)
+        if not held:
+            return
+        holders = self._holders
+        for h in hashes:
+            if h in held:
+                held.discard(h)
+                nodes = holders.get(h)
+                if nodes is not None:
+                    nodes.discard(node_id)
+                    if not nodes:
+                        del holders[h]
+
+    def _clear(self, node_id: str) -> None:
+        held = self._by_node.pop(node_id, None)
+        if held:
+            self._remove_all(node_id, held)
+
+    def _remove_all(self, node_id: str, held: set[int]) -> None:
+        holders = self._holders
+        for h in held:
+            nodes = holders.get(h)
+            if nodes is not None:
+                nodes.discard(node_id)
+                if not nodes:
+                    del holders[h]
+
+    def resync(self, node_id: str) -> int:
+        """Forget a node's blocks and mark it unsynced (publisher restart, lost events);
+        returns the blocks dropped."""
+        held = self._by_node.pop(node_id, set())
+        self._remove_all(node_id, held)
+        st = self.state(node_id)
+        st.synced = False
+        st.last_seq = None
+        st.blocks = 0
+        return len(held)
+
+    def forget(self, node_id: str) -> None:
+        """The node left the cluster."""
+        self.resync(node_id)
+        self.states.pop(node_id, None)
+
+    # -- queries -----------------------------------------------------------------------
+    def match(
+        self, block_hashes: Sequence[int], now: float, nodes: Iterable[str] | None = None
+    ) -> dict[str, int]:
+        """Per synced node holding the first block, how many leading blocks it holds.
+
+        Same shape as ``PrefixIndex.match`` (``now`` is unused: events, not time, decide
+        what is cached). The engine's own prefix lookup stops at the first missing block;
+        so does this walk.
+        """
+        if not block_hashes:
+            return {}
+        holders = self._holders
+        first = holders.get(block_hashes[0])
+        if not first:
+            return {}
+        states = self.states
+        allowed = (
+            None
+            if nodes is None
+            else (nodes if isinstance(nodes, (set, frozenset, dict)) else set(nodes))
+        )
+        alive = [
+            n
+            for n in first
+            if (allowed is None or n in allowed) and (st := states.get(n)) is not None and st.synced
+        ]
+        result: dict[str, int] = {}
+        i = 1
+        n_blocks = len(block_hashes)
+        while alive and i < n_blocks:
+            nodes_i = holders.get(block_hashes[i])
+            if not nodes_i:
+                break
+            still = []
+            for n in alive:
+                if n in nodes_i:
+                    still.append(n)
+                else:
+                    result[n] = i
+            alive = still
+            i += 1
+        for n in alive:
+            result[n] = i
+        return result

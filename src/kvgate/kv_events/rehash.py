@@ -1,0 +1,71 @@
+"""Re-key an engine's events by hashes the gateway computes itself from their token ids.
+
+For engines whose block hashes the gateway cannot reproduce (SGLang keys its radix cache
+with its own, per-process hash), each ``BlockStored`` carries the blocks' token ids and its
+parent's hash: the gateway re-hashes the tokens with its own chain (``TokenBlockHasher``,
+vLLM's scheme) and remembers engine hash → own digest, so later children and
+``BlockRemoved`` events (hashes only) can be translated. A stored block whose parent was
+never seen, or whose token count does not fill its blocks, cannot be placed in a chain and
+is skipped (``skipped``). The engine's block size must equal the gateway's.
+"""
+
+from __future__ import annotations
+
+from kvgate.kv_events.hashing import TokenBlockHasher, to_external
+from kvgate.kv_events.wire import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+    KVEventBatch,
+)
+
+
+class TokenRehasher:
+    def __init__(self, hasher: TokenBlockHasher) -> None:
+        self.hasher = hasher
+        self._digests: dict[int, bytes] = {}  # engine block hash → our digest
+        self.skipped = 0
+
+    def reset(self) -> None:
+        self._digests.clear()
+
+    def translate(self, batch: KVEventBatch) -> KVEventBatch:
+        out: list[KVEvent] = []
+        for ev in batch.events:
+            mapped = self._event(ev)
+            if mapped is not None:
+                out.append(mapped)
+        return KVEventBatch(batch.ts, out, batch.data_parallel_rank)
+
+    def _event(self, ev: KVEvent) -> KVEvent | None:
+        digests = self._digests
+        if isinstance(ev, BlockStored):
+            bs = self.hasher.block_size
+            n = len(ev.block_hashes)
+            if ev.block_size != bs or len(ev.token_ids) != n * bs:
+                self.skipped += n
+                return None
+            parent: bytes | None = None
+            if ev.parent_block_hash is not None:
+                parent = digests.get(ev.parent_block_hash)
+                if parent is None:
+                    self.skipped += n
+                    return None
+            ours = self.hasher.digests(ev.token_ids, parent=parent)
+            for engine_hash, digest in zip(ev.block_hashes, ours, strict=True):
+                digests[engine_hash] = digest
+            return BlockStored(
+                [to_external(d) for d in ours],
+                to_external(parent) if parent is not None else None,
+                ev.token_ids,
+                ev.block_size,
+                ev.lora_id,
+                ev.medium,
+            )
+        if isinstance(ev, BlockRemoved):
+            gone = [to_external(d) for h in ev.block_hashes if (d := digests.pop(h, None))]
+            return BlockRemoved(gone, ev.medium) if gone else None
+        if isinstance(ev, AllBlocksCleared):
+            digests.clear()
+        return ev

@@ -1,0 +1,85 @@
+"""Binds a precise index to one router's node view, for policy ``precise`` to find.
+
+The routing context a policy sees carries the node view but (today) no second cache
+signal, so the event index is looked up by the node view it serves: each gateway replica
+and each simulated cluster has its own node view, hence its own index. Weakly keyed, so a
+discarded router takes its binding with it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from kvgate.kv_events.index import PreciseIndex
+from kvgate.kv_events.metrics import KvEventMetrics
+from kvgate.types import RouteRequest
+
+
+@dataclass(slots=True)
+class PreciseSignal:
+    index: PreciseIndex
+    metrics: KvEventMetrics
+    block_size: int = 16  # the engines' KV block size (tokens per event block hash)
+
+
+_BOUND: weakref.WeakKeyDictionary[object, PreciseSignal] = weakref.WeakKeyDictionary()
+
+
+def bind_signal(node_view: object, signal: PreciseSignal) -> None:
+    _BOUND[node_view] = signal
+
+
+def unbind_signal(node_view: object) -> None:
+    _BOUND.pop(node_view, None)
+
+
+def signal_for(node_view: object) -> PreciseSignal | None:
+    return _BOUND.get(node_view)
+
+
+class _Matcher(Protocol):
+    def match(
+        self, block_hashes: Sequence[int], now: float, nodes: Iterable[str] | None = None
+    ) -> dict[str, int]: ...
+
+
+class CombinedSignal:
+    """A router cache signal (``PrefixIndex.match`` shape): the engines' events for nodes
+    whose stream is synced, the approximate index for the others.
+
+    For a router that takes its cache signal as one object. With engine tokenizers
+    configured, the precise half must be asked with the engine's hashes
+    (``RouteRequest.engine_block_hashes``): use ``match_request``.
+    """
+
+    def __init__(self, precise: PreciseIndex, approximate: _Matcher) -> None:
+        self.precise = precise
+        self.approximate = approximate
+
+    def match(
+        self,
+        block_hashes: Sequence[int],
+        now: float,
+        nodes: Iterable[str] | None = None,
+        engine_block_hashes: Sequence[int] | None = None,
+    ) -> dict[str, int]:
+        synced = self.precise.synced_nodes()
+        wanted = None if nodes is None else set(nodes)
+        exact = synced if wanted is None else synced & wanted
+        result = self.precise.match(
+            engine_block_hashes if engine_block_hashes is not None else block_hashes, now, exact
+        ) if exact else {}  # fmt: skip
+        rest = None if wanted is None else wanted - exact
+        if rest is None or rest:
+            for node, n in self.approximate.match(block_hashes, now, rest).items():
+                if node not in exact:
+                    result[node] = n
+        return result
+
+    def match_request(
+        self, req: RouteRequest, now: float, nodes: Iterable[str] | None = None
+    ) -> dict[str, int]:
+        return self.match(req.block_hashes, now, nodes, req.engine_block_hashes)

@@ -17,6 +17,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from prometheus_client import CollectorRegistry, Counter
 from yarl import URL
 
+from kvgate.gateway.appkey import GATEWAY
 from kvgate.store.base import StoreUnavailable
 
 log = logging.getLogger("kvgate.gateway")
@@ -200,8 +201,6 @@ _UNEXPECTED: weakref.WeakKeyDictionary[CollectorRegistry, Counter] = weakref.Wea
 
 
 def _count_unexpected(request: web.Request, kind: str) -> None:
-    from kvgate.gateway.app import GATEWAY  # the app module imports this one
-
     gateway = request.app.get(GATEWAY)
     registry = getattr(gateway, "registry", None)
     if isinstance(registry, CollectorRegistry):
@@ -297,8 +296,6 @@ def guard_edges(app: web.Application) -> None:
     its default one fails with a 500 on a non-UTF-8 value)."""
     for route in app.router.routes():
         route._expect_handler = expect_handler  # type: ignore[attr-defined]  # no public setter
-    from kvgate.gateway.app import GATEWAY
-
     registry = getattr(app.get(GATEWAY), "registry", None)
     if isinstance(registry, CollectorRegistry):
         _unexpected_counter(registry)  # exported from the start, at 0

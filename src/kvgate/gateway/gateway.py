@@ -13,7 +13,6 @@ from collections.abc import Coroutine
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from kvgate.admission.controller import AdmissionController
@@ -21,6 +20,7 @@ from kvgate.admission.jobs import JobStore
 from kvgate.admission.tenants import TenantDirectory
 from kvgate.clock import Clock, SystemClock
 from kvgate.flags import Flags
+from kvgate.gateway.appkey import GATEWAY
 from kvgate.gateway.config import GatewayConfig
 from kvgate.gateway.metrics import GatewayMetrics
 from kvgate.gateway.proxy import Proxy
@@ -38,8 +38,6 @@ from kvgate.types import NodeSpec
 log = logging.getLogger("kvgate.gateway")
 
 PROBE_POLL_S = 0.25  # how often the probe loop looks for ejections that ended
-
-GATEWAY: web.AppKey[Gateway] = web.AppKey("kvgate_gateway")
 
 
 class Gateway:
@@ -247,3 +245,6 @@ class Gateway:
             await self.session.close()
         if self._owns_store:
             await self.store.close()
+
+
+__all__ = ["GATEWAY", "Gateway"]

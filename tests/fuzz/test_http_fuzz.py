@@ -280,7 +280,7 @@ def rss_kb(pid: int) -> int:
 def fuzz_gateway() -> Iterator[GatewayProcess]:
     engines = start_engine_process(count=2, time_scale=200.0)
     config = {
-        "nodes": [{"id": f"e{i}", "url": u, "model": "sim"} for i, u in enumerate(engines.urls)],
+        "nodes": [{"id": f"e{i}", "url": u} for i, u in enumerate(engines.urls)],
         "auth": {"admin_token": ADMIN_TOKEN},
     }
     try:

@@ -356,3 +356,7 @@ async def test_clients_that_leave_cost_nothing() -> None:
             assert sum(core.decision_counts["admit"].values()) == admits_before
             assert sample(gw, "kvgate_cancellations_total", stage="queued") == 6
             assert sample(gw, "kvgate_cancellations_total", stage="upstream") == 4
+            # counted as "client closed" (499), never as a gateway error
+            chat = "/v1/chat/completions"
+            assert sample(gw, "kvgate_requests_total", endpoint=chat, status="499") == 10
+            assert sample(gw, "kvgate_requests_total", endpoint=chat, status="500") == 0

@@ -315,7 +315,7 @@ class ClusterSim:
             self._dispatch(live, now)
             return
         result = run_now(self.pipeline.admit(flow))
-        record.admission = result.header()
+        record.admission = _admission_text(result)
         if result.kind == AdmissionKind.ADMIT:
             self._dispatch(live, now)
         elif result.kind == AdmissionKind.DEGRADE:
@@ -324,7 +324,7 @@ class ClusterSim:
         elif result.kind == AdmissionKind.QUEUE:
             self._push(result.ticket.deadline, _DEADLINE)
         else:
-            self._resolve(live, "rejected", _reject_status(result), result.header())
+            self._resolve(live, "rejected", _reject_status(result), _admission_text(result))
 
     def _dispatch(self, live: _Live, now: float) -> None:
         flow = live.flow
@@ -399,7 +399,7 @@ class ClusterSim:
             return
         self.pipeline.accept(live.flow, item.outcome)
         live.record.queued_s = item.outcome.queued_seconds
-        live.record.admission = item.outcome.header()
+        live.record.admission = _admission_text(item.outcome)
         self._dispatch(live, self.clock.now())
 
     def _expire(self, now: float) -> None:
@@ -409,7 +409,7 @@ class ClusterSim:
             if live is not None:
                 self.pipeline.accept(live.flow, item.outcome)
                 live.record.queued_s = item.outcome.queued_seconds
-                self._resolve(live, "rejected", 408, item.outcome.header())
+                self._resolve(live, "rejected", 408, _admission_text(item.outcome))
 
     # -- re-admission probes of ejected nodes ------------------------------------------
     def _schedule_probe(self) -> None:
@@ -600,6 +600,14 @@ def run_comparison(
 ) -> dict[str, SimResult]:
     """Every policy on the identical request stream."""
     return {p: ClusterSim(workload, config, p).run() for p in policies}
+
+
+def _admission_text(result: AdmissionResult) -> str:
+    """``kind[; degrade=mode]; reason=…``: the decision, in the X-KVGate-Admission shape."""
+    text = result.kind.value
+    if result.degrade_to:
+        text += f"; degrade={result.degrade_to}"
+    return f"{text}; reason={result.reason}"
 
 
 def _reject_status(result: AdmissionResult) -> int:

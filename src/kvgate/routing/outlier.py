@@ -122,7 +122,8 @@ class OutlierDetector:
         h.reason = reason
         h.probing = False
         h.connect_failures = h.http_failures = 0
-        log.warning(
+        log.log(
+            logging.WARNING if h.ejections == 1 else logging.DEBUG,  # later: failed probes
             "node %s ejected (%s, ejection #%d): next probe in %.1fs",
             node_id,
             reason,

@@ -227,9 +227,15 @@ class Gateway:
         try:
             async with self.session.get(url + "/health", timeout=timeout) as resp:
                 ok = resp.status == 200
-        except (aiohttp.ClientError, TimeoutError, OSError):
+        except Exception:  # any failure is a failed probe (never a node stuck "probing")
             ok = False
-        self.pipeline.probe_result(node_id, ok)
+        finally:
+            self.pipeline.probe_result(node_id, ok)
+        spec = self.specs.get(node_id)
+        if ok and spec is not None and self.scraper is not None and self._is_pulled(node_id):
+            # a fresh report at once: failed scrapes may have marked it unreachable, and
+            # it should not wait for the next scrape round to take traffic again
+            await self.scraper.scrape_node(spec)
 
     async def stop(self) -> None:
         for task in list(self._background):

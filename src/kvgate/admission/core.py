@@ -191,8 +191,8 @@ class AdmissionCore:
             reason = outcome.reason
         if claim:
             self.metrics.guarantee_claims.labels(req.tenant, "refused").inc()
-            if reason == RejectReason.STORE_UNAVAILABLE:
-                return self._reject(req.tenant, RejectReason.STORE_UNAVAILABLE, retry_after_s=1.0)
+        if reason == RejectReason.STORE_UNAVAILABLE:
+            return self._reject(req.tenant, RejectReason.STORE_UNAVAILABLE, retry_after_s=1.0)
         mode = self._degrade_mode(req)
         if mode in ("low_priority", "economy_pool") and reason in SHARE_LIMITS:
             outcome, local = await self._reserve(req.tenant, tokens, fair_share=False)

@@ -10,7 +10,8 @@ once when a newer observation contradicts it: capacity moved) and moves:
 * too much, nothing fine known: down by the measured excess (1 / ttft_ratio, or the KV
   middle / KV use), at least ×1/``max_step``, at most ×0.85;
 * fine, nothing too-much known: up toward the middle of the watermarks (50%–80% KV)
-  by KV use, at least ×1.1 and at most ×``max_step``;
+  by KV use, at least ×1.1 and at most ×``max_step`` (at most ×``precision``² when it
+  was fine here before: a careful probe once an old too-much mark was forgotten);
 * both known: to their geometric mean (bisection) until they are within
   ``precision`` of each other, then it holds at the fine one;
 * no unmet demand and nothing too much: hold (the total is not what limits anyone).
@@ -89,6 +90,7 @@ class QuotaRule:
             return Move(max(1, int(t * factor)), "tighten", p)
         if not obs.demand:
             return Move(t, "hold", p)
+        probing = self.fine is not None  # it was here before: climb carefully
         self.fine = (t, self._period) if self.fine is None or t >= self.fine[0] else self.fine
         if self.too_much is not None and self.too_much[0] <= t:
             self.too_much = None  # capacity grew: what was too much is not any more
@@ -101,4 +103,6 @@ class QuotaRule:
         if obs.kv_ratio is not None and obs.kv_ratio > 0:
             factor = self.kv_middle / obs.kv_ratio
         factor = min(self.max_step, max(1.1, factor))
+        if probing:
+            factor = min(factor, self.precision**2)
         return Move(int(t * factor), "relax", p)

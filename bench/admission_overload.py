@@ -90,13 +90,18 @@ def main() -> int:
         "--totals", default="150000,250000,300000,350000,400000,450000,500000,600000"
     )
     parser.add_argument("--out", type=Path, default=Path("bench-overload"))
+    parser.add_argument(
+        "--reuse", type=Path, default=None, help="take admission-off and static rows from here"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     workload = generate_workload("overload", seed=args.seed, requests=args.requests, rate=args.rate)
-    results: dict[str, dict[str, Any]] = {"admission off": run(workload, args, None, False)}
+    results: dict[str, dict[str, Any]] = {}
     static: dict[int, dict[str, Any]] = {}
+    old = json.loads((args.reuse / "results.json").read_text()) if args.reuse else {}
+    results["admission off"] = old.get("admission off") or run(workload, args, None, False)
     for total in (int(t) for t in args.totals.split(",")):
-        static[total] = run(workload, args, total, False)
+        static[total] = old.get(f"static {total:,}") or run(workload, args, total, False)
         results[f"static {total:,}"] = static[total]
         print(f"static {total}: goodput {static[total]['goodput_tokens_per_s']:.0f}", flush=True)
     best = max(static, key=lambda t: static[t]["goodput_tokens_per_s"])

@@ -140,3 +140,16 @@ def test_a_forecast_pre_scales_unless_its_flag_is_off() -> None:
     loop_off = DynamicQuota(off, off.store, capacity=lambda: 1_000_000, forecast=lambda t: 50_000)
     assert run_now(loop_off.step(clock_off.now())).direction == "hold"
     assert off.total == 10_000
+
+
+def test_first_tokens_are_timed_from_admission_and_judged_by_admission_time() -> None:
+    core, clock = make_core(total_quota=100_000)
+    clock.set(10.0)
+    early = admit(core, clock, request(prompt=10, max_tokens=10))
+    clock.set(20.0)
+    late = admit(core, clock, request(prompt=10, max_tokens=10))
+    run_now(core.progress(early, 1, 25.0))  # 15 s: admitted under the previous total
+    run_now(core.progress(late, 1, 20.5))
+    run_now(core.progress(late, 2, 21.0))  # only the first token counts
+    assert core.first_tokens.quantile("interactive", 99, since=0.0) == (15.0, 2)
+    assert core.first_tokens.quantile("interactive", 99, since=15.0) == (0.5, 1)

@@ -144,7 +144,16 @@ class AdmissionCore:
         degrade_to: str | None = None,
     ) -> AdmissionResult:
         mode = degrade_to or "normal"
-        self.ledger.open(req.request_id, req.tenant, req.prompt_tokens, tokens, mode)
+        self.ledger.open(
+            req.request_id,
+            req.tenant,
+            req.prompt_tokens,
+            tokens,
+            mode,
+            req.priority_class,
+            now,
+            req.stream,
+        )
         ticket = Ticket(req.request_id, req.tenant, tokens, local, req.priority_class, now)
         reason = outcome.reason + ("_local" if local else "")
         kind = AdmissionKind.DEGRADE if degrade_to else AdmissionKind.ADMIT

@@ -79,7 +79,12 @@ class DynamicQuota:
     ) -> tuple[Observation, float | None]:
         dq = self.core.config.dynamic_quota
         ttft, n = self.core.first_tokens.quantile(
-            dq.ttft_class, dq.ttft_percentile, self._since, dq.settle_fraction * dq.interval_s
+            dq.ttft_class,
+            dq.ttft_percentile,
+            self._since,
+            dq.settle_fraction * dq.interval_s,
+            now=now,
+            pending=self.core.ledger.waiting_first_token(dq.ttft_class),
         )
         ttft_ratio = None
         if ttft is not None and n >= dq.min_samples:

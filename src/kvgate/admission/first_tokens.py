@@ -22,13 +22,25 @@ class FirstTokenWindow:
             window.popleft()
 
     def quantile(
-        self, priority_class: str, q: float, since: float, settle_s: float = 0.0
+        self,
+        priority_class: str,
+        q: float,
+        since: float,
+        settle_s: float = 0.0,
+        *,
+        now: float | None = None,
+        pending: list[float] = (),  # type: ignore[assignment]
     ) -> tuple[float | None, int]:
         """(q-th percentile, q in 0..100, of requests admitted after ``since``; how many).
 
         Counting by admission time keeps a period's figure to work admitted under the
-        total being judged, not to a backlog left by the one before."""
+        total being judged, not to a backlog left by the one before. ``pending`` are the
+        admission times of requests still waiting for their first token: each counts
+        as at least ``now - admitted`` — without them, a congested period would be judged
+        only by its requests that were quick enough to answer before the step."""
         seen = [(t, s) for t, s in self._seen.get(priority_class, ()) if t >= since]
+        if now is not None:
+            seen += [(t, now - t) for t in pending if t >= since]
         if seen and settle_s > 0:
             # the first admissions after a change come in a burst (a shrunk total first
             # waits for the old reservations to drain): judge what follows it

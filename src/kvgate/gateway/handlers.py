@@ -230,6 +230,7 @@ async def generate(request: web.Request, endpoint: str) -> web.StreamResponse:
             max_tokens=client_bound,
             wants_async=wants_async,
             model=model,
+            stream=body.get("stream") is True,
         )
     )
     entry.admission = admission_header(result)

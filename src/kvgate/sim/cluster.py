@@ -274,7 +274,12 @@ class ClusterSim:
             self._dispatch(live, now)
             return
         areq = AdmissionRequest(
-            item.request_id, item.tenant, item.priority_class, prompt.prompt_tokens, item.max_tokens
+            item.request_id,
+            item.tenant,
+            item.priority_class,
+            prompt.prompt_tokens,
+            item.max_tokens,
+            stream=True,  # the engine model reports each first token
         )
         result = run_now(self.admission.try_admit(areq, now))
         live.admission = result

@@ -15,7 +15,7 @@ from kvgate.clock import ManualClock, run_now
 from kvgate.flags import Flags
 from kvgate.store.keys import TOTAL_QUOTA, WATERMARK
 from kvgate.store.memory import MemoryStore
-from tests.admission.helpers import admit, make_core, request
+from tests.admission.helpers import admit, make_core, release, request
 
 
 def test_interval_is_validated_to_20_30_seconds() -> None:
@@ -153,3 +153,19 @@ def test_first_tokens_are_timed_from_admission_and_judged_by_admission_time() ->
     run_now(core.progress(late, 2, 21.0))  # only the first token counts
     assert core.first_tokens.quantile("interactive", 99, since=0.0) == (15.0, 2)
     assert core.first_tokens.quantile("interactive", 99, since=15.0) == (0.5, 1)
+
+
+def test_streams_still_waiting_for_a_first_token_count_as_slow() -> None:
+    core, clock = make_core(total_quota=100_000)
+    quick = [admit(core, clock, request(prompt=10, max_tokens=10)) for _ in range(3)]
+    stuck = request(prompt=10, max_tokens=10)
+    stuck.stream = True
+    admit(core, clock, stuck)
+    silent = admit(core, clock, request(prompt=10, max_tokens=10))  # non-streamed: no report
+    for r in quick:
+        run_now(core.progress(r, 1, 0.2))
+    pending = core.ledger.waiting_first_token("interactive")
+    assert pending == [0.0]  # the stream only, not the silent non-streamed request
+    p, n = core.first_tokens.quantile("interactive", 99, 0.0, now=9.0, pending=pending)
+    assert (p, n) == (9.0, 4)
+    release(core, clock, silent)

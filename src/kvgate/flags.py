@@ -44,6 +44,7 @@ FLAG_SPECS: tuple[FlagSpec, ...] = (
     ),
     FlagSpec("admission", True, "every request is admitted (no quota, no queue)"),
     FlagSpec("dynamic_quota", True, "the cluster total stays at its configured value"),
+    FlagSpec("forecast", True, "the dynamic quota ignores load forecasts (reacts only)"),
     FlagSpec("degrade", True, "over-quota work is queued or rejected, never degraded"),
 )
 FLAG_NAMES = frozenset(s.name for s in FLAG_SPECS)

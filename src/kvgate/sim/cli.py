@@ -138,6 +138,11 @@ def run(args: argparse.Namespace) -> int:
             meta=meta,
             node_load={n: r.node_load for n, r in results.items()},
             hit_rate={n: r.hit_rate for n, r in results.items()},
+            quota={
+                n: r.summary["quota_series"]
+                for n, r in results.items()
+                if "quota_series" in r.summary
+            },
             baseline=policies[0],
         )
     if args.json:

@@ -35,6 +35,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from kvgate.engine.profiles import get_profile
 from kvgate.loadgen.cli import bench_once, parse_params, summarize_result
 from kvgate.report.records import RequestRecord
 from kvgate.report.summary import markdown_table
@@ -108,6 +109,16 @@ def start_gateway(
     ]  # fmt: skip
     if args.scrape_interval is not None:
         cmd += ["--scrape-interval", str(args.scrape_interval)]
+    # hybrid's spill-by-cost converts tokens to seconds with the engines' prefill rate:
+    # tell it the rate of the engines this bench starts (profile, sped up by time scale)
+    prof = get_profile(args.profile)
+    config = root / f"gateway-{policy}.yaml"
+    rate = args.time_scale / prof.seconds_per_compute_token
+    step = prof.step_time(1, 1, 0) / args.time_scale
+    config.write_text(
+        f"routing:\n  prefill_tokens_per_s: {rate:.1f}\n  prefill_step_s: {step:.6f}\n"
+    )
+    cmd += ["--config", str(config)]
     for url in urls:
         cmd += ["--backend", url]
     with log.open("wb") as f:

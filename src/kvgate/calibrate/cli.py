@@ -202,7 +202,7 @@ def _print_steps(result: object) -> None:
         print(
             f"{s.concurrency:5d} {s.requests:5d} {s.errors:4d} {s.ttft_p99:9.4f} "
             f"{s.tpot_p99:9.4f} {s.throughput:8.1f} {s.runtime_tokens:11.0f} {kv} "
-            f"{s.waiting:5.1f}{mark}",
+            f"{s.waiting:5.1f}{mark}" + (f"  errors: {s.error_kinds}" if s.error_kinds else ""),
             file=sys.stderr,
         )
 

@@ -17,6 +17,7 @@ import json
 import random
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -281,6 +282,7 @@ class StepResult:
     running: float
     waiting: float
     preemptions: float
+    error_kinds: dict[str, int] = field(default_factory=dict)
 
     @property
     def latency_source(self) -> str:
@@ -490,7 +492,7 @@ class Ramp:
         e2e_estimate = statistics.median(recent) if recent else 0.0
         await self._set_concurrency(c, e2e_estimate)
         # settle: new workers spread their starts over one request time; drop that period
-        settle_until = time.monotonic() + 1.5 * e2e_estimate
+        settle_until = time.monotonic() + min(1.5 * e2e_estimate, self.cfg.step_seconds / 2)
         while time.monotonic() < settle_until and not self._stop:
             await asyncio.sleep(min(0.05, settle_until - time.monotonic()))
         if self._stop:
@@ -569,6 +571,7 @@ class Ramp:
             preemptions=(reports[-1].preemptions_total - reports[0].preemptions_total)
             if reports
             else 0.0,
+            error_kinds=dict(Counter(r.error for r in done if r.error is not None)),
         )
 
     # -- the ramp ----------------------------------------------------------------------

@@ -26,6 +26,7 @@ from kvgate.engine.core import EngineCore
 from kvgate.engine.profiles import get_profile
 from kvgate.engine.request import EngineRequest, EventKind
 from kvgate.flags import Flags
+from kvgate.forecast import attach as forecast_attach
 from kvgate.report import RequestRecord, summarize
 from kvgate.routing.config import RoutingConfig
 from kvgate.routing.node_view import NodeView
@@ -134,6 +135,7 @@ class ClusterSim:
             self.dynamic_quota = DynamicQuota(
                 self.admission, self.admission.store, capacity=self._live_capacity
             )
+        self.forecast = forecast_attach.sim_forecast(self)  # kvgate.forecast (flag forecast)
         self.cache = PromptCache()
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = itertools.count()
@@ -218,6 +220,8 @@ class ClusterSim:
             if ev.kind == EventKind.FIRST_TOKEN:
                 live.first_token = ev.time
                 live.cached = ev.cached_tokens
+                if self.forecast is not None:
+                    self.forecast.observe_hit(ev.time, live.prompt.prompt_tokens, ev.cached_tokens)
             elif ev.kind == EventKind.FINISHED:
                 self._finish(live, ev.time, ev.count)
             elif ev.kind == EventKind.FAILED:
@@ -244,6 +248,10 @@ class ClusterSim:
         if self.admission is None:
             self._dispatch(live, now)
             return
+        if self.forecast is not None:
+            self.forecast.observe_arrival(
+                now, item.tenant, item.priority_class, prompt.prompt_tokens, item.max_tokens
+            )
         areq = AdmissionRequest(
             item.request_id, item.tenant, item.priority_class, prompt.prompt_tokens, item.max_tokens
         )
@@ -497,6 +505,8 @@ class ClusterSim:
         if self.admission is not None:
             summary["quota_total_final"] = self.admission.total
             summary["quota_adjustments"] = self._quota_steps
+        if self.forecast is not None:
+            summary.update(forecast_attach.summary(self.forecast))
         summary["kv_blocks_per_node"] = self.engines[
             next(iter(self.engines))
         ].profile.num_gpu_blocks

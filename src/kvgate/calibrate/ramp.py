@@ -308,6 +308,7 @@ class StepResult:
             self.throughput,
             self.ttft_mean,
             self.preemptions,
+            self.errors / self.requests if self.requests else 0.0,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -333,6 +334,10 @@ class RampResult:
     def knee_step(self) -> StepResult | None:
         steps = self.sorted_steps()
         return steps[self.knee.index] if 0 <= self.knee.index < len(steps) else None
+
+
+class EngineUnreachable(RuntimeError):
+    """The target does not answer /v1/models: nothing to calibrate."""
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -585,6 +590,8 @@ class Ramp:
         self._deadline = started + cfg.max_seconds
         if not self.model:
             self.model = await _discover_model(self.session, cfg.target)
+        if not self.model:
+            raise EngineUnreachable(f"{cfg.target}/v1/models did not answer with a model")
         steps: list[StepResult] = []
         c = cfg.start
         stopped_by = "max_concurrency"

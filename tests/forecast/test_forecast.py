@@ -129,3 +129,17 @@ def test_the_simulator_records_samples_and_scores_the_forecast() -> None:
     n = min(len(errors[False]), len(errors[True]))
     assert n > 5 and errors[False][:n] == errors[True][:n]
     assert results[False]["quota_adjustments"] != results[True]["quota_adjustments"]
+
+
+def test_tokens_needed_scales_what_is_in_flight_by_the_forecast_growth() -> None:
+    from kvgate.forecast.provider import tokens_needed
+
+    period = 24
+    f = DemandForecast(interval_s=60.0, season_minutes=period, horizon_minutes=4)
+    now = (period * 3 + 3) * 60.0
+    empty = DemandForecast(interval_s=60.0, season_minutes=period, horizon_minutes=4)
+    assert tokens_needed(empty, lambda: 1000.0, lambda: now)(now + 120) is None  # no season
+    needed = tokens_needed(f, lambda: 1000.0, lambda: now)
+    feed(f, period * 3 + 3, lambda m: daily(m, period) / 10)
+    value = needed(now + 120)
+    assert value is not None and 1000.0 < value <= 2000.0  # a rise is coming

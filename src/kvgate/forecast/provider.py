@@ -160,3 +160,31 @@ def forecast_capacity(
         return max(1, int(base * max(1.0, ratio)))  # raise
 
     return seen
+
+
+def tokens_needed(
+    forecast: DemandForecast,
+    in_flight: Callable[[], float],
+    now: Callable[[], float],
+) -> Callable[[float], float | None]:
+    """``forecast(t)`` → runtime tokens needed at time ``t`` (None: no opinion).
+
+    The shape a controller that "raises the total to what the forecast needs" takes (the
+    admission layer's ``DynamicQuota(forecast=…)``): today's runtime tokens in flight
+    scaled by how much the demand is forecast to grow by ``t`` (never below today's).
+    """
+
+    def needed(t: float) -> float | None:
+        current = now()
+        ratio = forecast.demand_ratio(current)
+        if ratio is None:
+            return None
+        horizon = max(1, round((t - current) / forecast.recorder.interval_s))
+        ahead = forecast.forecast(min(horizon, forecast.horizon))
+        recent = sum(forecast._recent) / len(forecast._recent) if forecast._recent else 0.0
+        if ahead is None or recent <= 0:
+            return None
+        growth = max(1.0, min(forecast.max_ratio, ahead / recent))
+        return in_flight() * growth
+
+    return needed

@@ -28,6 +28,8 @@ def window(records: list[RequestRecord], start: float, end: float, slo: float) -
         r for r in inside if r.status in ("ok", "degraded") and r.ttft is not None and r.ttft <= slo
     ]
     ttfts = sorted(r.ttft for r in inside if r.ttft is not None)
+    if not ttfts:
+        ttfts = [float("nan")]
     return {
         "requests": len(inside),
         "goodput_rps": len(good) / (end - start),
@@ -38,9 +40,17 @@ def window(records: list[RequestRecord], start: float, end: float, slo: float) -
     }
 
 
-def run(args: argparse.Namespace, forecast: bool) -> dict[str, Any]:
+def run(
+    args: argparse.Namespace, forecast: bool, flags: dict[str, bool] | None = None
+) -> dict[str, Any]:
     workload = generate_workload(
-        "daily", seed=args.seed, days=args.days, day_s=args.day_s, peak_rate=args.peak_rate
+        "daily",
+        seed=args.seed,
+        days=args.days,
+        day_s=args.day_s,
+        peak_rate=args.peak_rate,
+        system_len=args.system_len,
+        query_len=args.query_len,
     )
     config = SimConfig(
         nodes=args.nodes,
@@ -49,7 +59,7 @@ def run(args: argparse.Namespace, forecast: bool) -> dict[str, Any]:
         admission=True,
         seed=args.seed,
         slo_ttft_s=args.slo,
-        flags={"forecast": forecast},
+        flags={"forecast": forecast, **(flags or {})},
         degrade_modes={},
     )
     t0 = time.perf_counter()
@@ -66,6 +76,7 @@ def run(args: argparse.Namespace, forecast: bool) -> dict[str, Any]:
     s = result.summary
     return {
         "forecast": "on" if forecast else "off",
+        "label": ", ".join(f"{k} off" for k, v in (flags or {}).items() if not v),
         "requests": s["requests"],
         "goodput_rps": s["goodput_rps"],
         "rejected": s["rejected"],
@@ -91,12 +102,19 @@ def main() -> None:
     ap.add_argument("--days", type=int, default=2)
     ap.add_argument("--day-s", type=float, default=7200.0)
     ap.add_argument("--peak-rate", type=float, default=1.5)
+    ap.add_argument("--system-len", type=int, default=512, help="shared system prompt tokens")
+    ap.add_argument("--query-len", type=int, default=256, help="unique prompt tokens")
     ap.add_argument("--slo", type=float, default=2.0, help="TTFT SLO (s) for goodput")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--mode", default="raise", choices=("raise", "track", "hold"))
+    ap.add_argument(
+        "--references", action="store_true", help="also run dynamic quota off, admission off"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rows = [run(args, False), run(args, True)]
+    if args.references:
+        rows += [run(args, False, {"dynamic_quota": False}), run(args, False, {"admission": False})]
     if args.json:
         print(json.dumps(rows, indent=2))
         return
@@ -111,6 +129,8 @@ def main() -> None:
         peak_mape = r["forecast_mape_peak_pct"]
         pm = "-" if peak_mape is None else f"{peak_mape:.1f}"
         label = f"{r['forecast']} ({args.mode})" if r["forecast"] == "on" else "off"
+        if r["label"]:
+            label = f"reference: {r['label']}"
         print(
             f"| {label} | {mape} | {pm} | {r['goodput_rps']:.3f} | {p['goodput_rps']:.3f} "
             f"| {100 * p['good_fraction']:.1f} | {p['rejected']} | {p['ttft_p50_s']:.2f} "

@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
         print(str(exc), file=sys.stderr)
         return 1
     _print_steps(result)
-    _outputs(args, result)
+    _outputs(args, result, f"{profile.model_version} @ {profile.deployment}")
     if args.out:
         Path(args.out).write_text(profile.to_yaml())
     if args.store:
@@ -180,13 +180,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _outputs(args: argparse.Namespace, result: object) -> None:
+def _outputs(args: argparse.Namespace, result: object, name: str = "") -> None:
     from kvgate.calibrate.plot import write_plot
     from kvgate.calibrate.ramp import RampResult
 
     assert isinstance(result, RampResult)
     if args.plot and result.steps:
-        write_plot(result, args.plot)
+        title = f"kvgate calibrate: {name or result.model}, context {result.config.context}"
+        write_plot(result, args.plot, title)
     if args.steps_json:
         Path(args.steps_json).write_text(
             json.dumps([s.to_dict() for s in result.steps], indent=1, default=str)

@@ -652,6 +652,9 @@ async def _discover_model(session: aiohttp.ClientSession, base_url: str) -> str:
 
 
 async def run_ramp(config: RampConfig) -> RampResult:
-    connector = aiohttp.TCPConnector(limit=0)
+    # one connection per request: servers that drop idle keep-alive connections (llama.cpp)
+    # would otherwise show up as failed requests, and a connect on loopback costs nothing
+    # next to an LLM request
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(connector=connector) as session:
         return await Ramp(config, session).run()

@@ -46,6 +46,9 @@ FLAG_SPECS: tuple[FlagSpec, ...] = (
     FlagSpec("dynamic_quota", True, "the cluster total stays at its configured value"),
     FlagSpec("forecast", True, "the dynamic quota ignores load forecasts (reacts only)"),
     FlagSpec("degrade", True, "over-quota work is queued or rejected, never degraded"),
+    FlagSpec(
+        "forecast", False, "the dynamic quota reacts to measured load only, not to the forecast"
+    ),
 )
 FLAG_NAMES = frozenset(s.name for s in FLAG_SPECS)
 

@@ -41,6 +41,7 @@ from kvgate.engine.core import EngineCore
 from kvgate.engine.profiles import get_profile
 from kvgate.engine.request import EngineRequest, EventKind
 from kvgate.flags import Flags
+from kvgate.forecast import attach as forecast_attach
 from kvgate.pipeline import (
     Failure,
     Flow,
@@ -185,6 +186,7 @@ class ClusterSim:
             registry=self.registry,
         )
         self._probe_at: float | None = None
+        self.forecast = forecast_attach.sim_forecast(self)  # kvgate.forecast (flag forecast)
         self.cache = PromptCache()
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = itertools.count()
@@ -298,6 +300,8 @@ class ClusterSim:
                 live.first_token = ev.time
                 live.cached = ev.cached_tokens
                 run_now(self.pipeline.progress(live.flow, 1))
+                if self.forecast is not None:
+                    self.forecast.observe_hit(ev.time, live.prompt.prompt_tokens, ev.cached_tokens)
             elif ev.kind == EventKind.FINISHED:
                 self._finish(live, ev.time, ev.count)
             elif ev.kind == EventKind.FAILED:
@@ -349,6 +353,10 @@ class ClusterSim:
             self.pipeline.accept(flow, None)
             self._dispatch(live, now)
             return
+        if self.forecast is not None:
+            self.forecast.observe_arrival(
+                now, item.tenant, item.priority_class, prompt.prompt_tokens, item.max_tokens
+            )
         result = run_now(self.pipeline.admit(flow))
         record.admission = admission_summary(result)
         if result.kind == AdmissionKind.ADMIT:
@@ -638,6 +646,8 @@ class ClusterSim:
                 summary["quota_steps"] = [
                     (s.at, s.total, s.direction, s.pressure) for s in self.dynamic_quota.history
                 ]
+        if self.forecast is not None:
+            summary.update(forecast_attach.summary(self.forecast))
         summary["kv_blocks_per_node"] = self.engines[
             next(iter(self.engines))
         ].profile.num_gpu_blocks

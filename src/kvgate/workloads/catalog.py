@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvgate.tokens import synthetic_text
+from kvgate.workloads import apps
 from kvgate.workloads.base import WorkItem, Workload
 
 Generator = Callable[[random.Random, dict[str, Any]], tuple[list[WorkItem], dict[str, Any]]]
@@ -311,6 +312,7 @@ WORKLOADS: dict[str, tuple[Generator, dict[str, Any], str]] = {
         },
         "Zipf-skewed prefix popularity",
     ),
+    "apps": (apps.generate_apps, apps.DEFAULTS, apps.DESCRIPTION),
 }
 WORKLOAD_NAMES = tuple(WORKLOADS)
 

@@ -9,22 +9,13 @@ import time
 from typing import Any, TextIO
 
 import aiohttp
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, Group
 from rich.live import Live
 from rich.progress_bar import ProgressBar
-from rich.table import Table
 from rich.text import Text
 
 from kvgate.loadgen.runner import BenchProgress
-from kvgate.status.view import (
-    ADMISSION_KINDS,
-    decision_counts,
-    decisions_table,
-    fmt_num,
-    fmt_pct,
-    gateway_line,
-    tenants_table,
-)
+from kvgate.status.view import ADMISSION_KINDS, decision_counts, fmt_pct, summary_view
 
 WIDTH = 80  # every line the demo prints fits a standard terminal
 
@@ -83,38 +74,6 @@ def plain_lines(label: str, elapsed: float, duration: float, progress: BenchProg
     return lines
 
 
-def nodes_view(summary: dict[str, Any]) -> Table:
-    """The per-node columns that matter while the demo runs."""
-    table = Table(title="Nodes", title_justify="left")
-    table.add_column("node")
-    table.add_column("state")
-    for name in ("running", "waiting", "load", "KV", "pred. hit", "hit"):
-        table.add_column(name, justify="right")
-    for n in summary.get("nodes") or []:
-        table.add_row(
-            str(n.get("node_id")),
-            str(n.get("state") or "?"),
-            fmt_num(n.get("running"), 0),
-            fmt_num(n.get("waiting"), 0),
-            fmt_num(n.get("load")),
-            fmt_pct(n.get("kv_usage")),
-            fmt_pct(n.get("predicted_hit_rate")),
-            fmt_pct(n.get("actual_hit_rate")),
-        )
-    return table
-
-
-def live_view(
-    summary: dict[str, Any], previous: dict[str, Any] | None, seconds: float | None
-) -> RenderableType:
-    return Group(
-        gateway_line(summary),
-        nodes_view(summary),
-        tenants_table(summary),
-        decisions_table(summary, previous, seconds),
-    )
-
-
 def _header(label: str, elapsed: float, duration: float, progress: BenchProgress) -> Group:
     line = Text()
     line.append(f" {label} ", style="bold reverse")
@@ -157,7 +116,7 @@ async def watch(
                     if summary:
                         before = previous[1] if previous else None
                         seconds = now - previous[0] if previous else None
-                        body.append(live_view(summary, before, seconds))
+                        body.append(summary_view(summary, before, seconds, narrow=True))
                     view.update(Group(*body))
                 elif now - last_plain >= plain_every_s:
                     for line in plain_lines(label, elapsed, duration, progress, summary):

@@ -7,16 +7,18 @@ from typing import Any
 
 from rich.table import Table
 
-# (label, summary key, unit): ms = seconds shown in ms, pct = a fraction, n = a count
+from kvgate.report.summary import format_value
+
+# (label, summary key, kvgate.report.summary.format_value style)
 ROWS: tuple[tuple[str, str, str], ...] = (
     ("TTFT p50 (ms)", "ttft_p50_s", "ms"),
     ("TTFT p99 (ms)", "ttft_p99_s", "ms"),
     ("TTFT p99 interactive (ms)", "interactive_ttft_p99_s", "ms"),
-    ("output tok/s", "output_tokens_per_s", "rate"),
+    ("output tok/s", "output_tokens_per_s", "{:,.1f}"),
     ("token hit rate", "cache_hit_rate", "pct"),
-    ("completed", "completed", "n"),
-    ("rejected (429/408/503)", "rejected", "n"),
-    ("errors", "errors", "n"),
+    ("completed", "completed", "{:,}"),
+    ("rejected (429/408/503)", "rejected", "{:,}"),
+    ("errors", "errors", "{:,}"),
 )
 
 
@@ -41,18 +43,6 @@ def comparison_rows(
     ]
 
 
-def _fmt(value: Any, unit: str) -> str:
-    if value is None:
-        return "–"
-    if unit == "ms":
-        return f"{value * 1000:,.0f}"
-    if unit == "pct":
-        return f"{value * 100:.1f}%"
-    if unit == "rate":
-        return f"{value:,.1f}"
-    return f"{value:,}"
-
-
 def comparison_table(
     base_label: str, baseline: Mapping[str, Any], label: str, candidate: Mapping[str, Any]
 ) -> Table:
@@ -61,8 +51,13 @@ def comparison_table(
     table.add_column(base_label, justify="right")
     table.add_column(label, justify="right")
     table.add_column("ratio", justify="right")
-    for name, key, unit in ROWS:
+    for name, key, style in ROWS:
         base, new = baseline.get(key), candidate.get(key)
         r = ratio(new, base)
-        table.add_row(name, _fmt(base, unit), _fmt(new, unit), "–" if r is None else f"{r:.2f}x")
+        table.add_row(
+            name,
+            format_value(base, style),
+            format_value(new, style),
+            "–" if r is None else f"{r:.2f}x",
+        )
     return table

@@ -248,31 +248,6 @@ class EngineCore:
         finished = False
         token_events = self.token_events
         generated = 0
-        if steps > 1:
-            # A decode run: every request of the plan decoded one token per step.
-            for seq, _ in st.plan.scheduled:
-                if seq.done:
-                    continue  # aborted
-                seq.num_computed += steps
-                if seq.num_hashed_blocks < len(seq.req.block_hashes):
-                    seq.num_hashed_blocks = kv.cache_full_blocks(
-                        seq.request_id,
-                        seq.req.block_hashes,
-                        seq.num_computed,
-                        seq.num_hashed_blocks,
-                    )
-                seq.num_output += steps
-                seq.num_tokens += steps
-                generated += steps
-                if token_events:
-                    events.append(EngineEvent(EventKind.TOKENS, seq.request_id, t_end, count=steps))
-                if seq.num_output >= seq.output_limit:
-                    self._finish(seq, t_end, events)
-                    finished = True
-            counters.generation_tokens += generated
-            if finished:
-                sched.running = [s for s in sched.running if not s.done]
-            return
         for seq, new in st.plan.scheduled:
             if seq.done:
                 continue  # aborted

@@ -114,7 +114,9 @@ _COLUMNS = (
 )
 
 
-def _fmt(value: Any, style: str) -> str:
+def format_value(value: Any, style: str) -> str:
+    """A figure for a table: ``pct`` (a fraction as %), ``ms`` (seconds as ms) or a
+    format string; None is a dash."""
     if value is None:
         return "–"
     if style == "pct":
@@ -135,7 +137,7 @@ def table_rows(
     rows = [head]
     base = results.get(baseline) if baseline else None
     for name, r in results.items():
-        row = [name] + [_fmt(r.get(key), style) for _, key, style in _COLUMNS]
+        row = [name] + [format_value(r.get(key), style) for _, key, style in _COLUMNS]
         if base is not None:
             row.append(_ratio(r.get("ttft_p50_s"), base.get("ttft_p50_s")))
             row.append(_ratio(r.get("output_tokens_per_s"), base.get("output_tokens_per_s")))

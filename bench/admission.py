@@ -16,7 +16,6 @@ import asyncio
 import itertools
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,16 +23,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tests.fixtures.servers import RedisServer  # noqa: E402
-
-from kvgate.admission.config import AdmissionConfig  # noqa: E402
-from kvgate.admission.controller import AdmissionController  # noqa: E402
-from kvgate.flags import Flags  # noqa: E402
-from kvgate.store import open_store  # noqa: E402
-from kvgate.types import AdmissionKind, AdmissionRequest  # noqa: E402
+from kvgate.admission.config import AdmissionConfig
+from kvgate.admission.controller import AdmissionController
+from kvgate.flags import Flags
+from kvgate.procs.stores import RedisServer
+from kvgate.store import open_store
+from kvgate.types import AdmissionKind, AdmissionRequest
 
 CONFIG = {
     "total_quota": 10_000_000,

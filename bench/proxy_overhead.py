@@ -22,11 +22,7 @@ from pathlib import Path
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tests.fixtures.engines import start_engine_process  # noqa: E402
-from tests.fixtures.gateway import start_gateway_process  # noqa: E402
+from kvgate.procs import start_engine_process, start_gateway_process
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 

@@ -23,19 +23,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tests.fixtures.gateway import start_gateway_process  # noqa: E402
-from tests.real_engine.llama_server import missing_reason, start_llama_server  # noqa: E402
-from tests.real_engine.test_gateway_e2e import wait_until_routable  # noqa: E402
-from tests.real_engine.workload import (  # noqa: E402
-    Result,
-    Summary,
-    build_workload,
-    run_workload,
-    summarize,
-)
+from kvgate.loadgen.probe import Result, Summary, build_workload, run_workload, summarize
+from kvgate.procs import start_gateway_process, wait_until_routable
+from kvgate.procs.llama import missing_reason, start_llama_server
 
 
 def run_policy(policy: str, args: argparse.Namespace) -> list[Result]:

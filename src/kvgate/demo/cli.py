@@ -25,9 +25,10 @@ import yaml
 from rich.console import Console
 
 from kvgate.demo.live import watch
-from kvgate.demo.processes import ChildFailed, ProcessGroup, wait_for_port_file
+from kvgate.demo.processes import ProcessGroup
 from kvgate.demo.table import comparison_rows, comparison_table
 from kvgate.loadgen.runner import BenchProgress, run_bench
+from kvgate.procs import ChildFailed, wait_for_ports
 from kvgate.report import RequestRecord, summarize, write_report
 from kvgate.workloads import WorkItem, Workload, generate_workload
 
@@ -127,7 +128,9 @@ class Demo:
              "--port-file", str(port_file), "--profile", PROFILE, "--model", MODEL,
              "--time-scale", str(self.args.time_scale), "--kv-blocks", str(self.args.kv_blocks)],
         )  # fmt: skip
-        ports = wait_for_port_file(self.group, name, proc, port_file, self.args.nodes)
+        ports = wait_for_ports(
+            proc, port_file, self.args.nodes, self.group.log_path(name), name=name
+        )
         return [f"http://127.0.0.1:{p}" for p in ports]
 
     def start_gateway(self, run: int, urls: list[str], policy: str, admission: bool) -> str:
@@ -140,7 +143,7 @@ class Demo:
             ["serve", "--config", str(config_path), "--port-file", str(port_file),
              "--log-level", "warning"],
         )  # fmt: skip
-        (port,) = wait_for_port_file(self.group, name, proc, port_file, 1)
+        (port,) = wait_for_ports(proc, port_file, 1, self.group.log_path(name), name=name)
         return f"http://127.0.0.1:{port}"
 
     def run_policy(

@@ -37,9 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.fixtures.engines import EngineProcess, start_engine_process
-from tests.fixtures.gateway import GatewayProcess, start_gateway_process
-
+from kvgate.procs import EngineProcess, GatewayProcess, start_engine_process, start_gateway_process
 from kvgate.tokens import synthetic_text
 
 ROOT = Path(__file__).resolve().parent.parent

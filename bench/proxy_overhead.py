@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.proxy_long import add_long_arguments, run_long  # noqa: E402
-from tests.fixtures.engines import start_engine_process  # noqa: E402
-from tests.fixtures.gateway import start_gateway_process  # noqa: E402
+
+from kvgate.procs import start_engine_process, start_gateway_process  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 

@@ -315,6 +315,12 @@ async def _run_job(gateway: Gateway, call: Call, result: AdmissionResult, job_id
         gateway.pipeline.accept(call.flow, result)  # the final decision now holds (or not)
         if result.kind is AdmissionKind.REJECT:
             raise rejection_error(result)
+        admitted = result
+
+        async def progress(generated: int) -> None:  # against the reservation it now holds
+            await gateway.admission.progress(admitted, generated)
+
+        call.on_progress = progress
         assert gateway.proxy is not None
         response = await gateway.proxy.forward(call, None)
         assert isinstance(response, web.Response)

@@ -44,7 +44,6 @@ FLAG_SPECS: tuple[FlagSpec, ...] = (
     ),
     FlagSpec("admission", True, "every request is admitted (no quota, no queue)"),
     FlagSpec("dynamic_quota", True, "the cluster total stays at its configured value"),
-    FlagSpec("forecast", True, "the dynamic quota ignores load forecasts (reacts only)"),
     FlagSpec("degrade", True, "over-quota work is queued or rejected, never degraded"),
     FlagSpec(
         "forecast", False, "the dynamic quota reacts to measured load only, not to the forecast"

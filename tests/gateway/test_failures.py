@@ -295,6 +295,9 @@ async def test_three_of_four_dead_the_healthy_one_serves_everything() -> None:
             assert gw.gateway.pipeline.outlier.ejected() == {"e0", "e1", "e2"}
 
 
+HUNG_S = 20.0  # SIGSTOP length of the hung-engine test (issue 11's figure)
+
+
 async def test_hung_engine_costs_at_most_first_byte_timeout_plus_one_retry() -> None:
     with engines(3) as started:
         cfg = config([e.url for e in started], cold_boost=False)
@@ -308,14 +311,22 @@ async def test_hung_engine_costs_at_most_first_byte_timeout_plus_one_retry() -> 
             hung.send_signal(signal.SIGSTOP)
             try:
                 stopped_at = time.monotonic()
-                await asyncio.sleep(4.0)
+                # the issue's fault: frozen for HUNG_S (its failed probes grow the ejection)
+                await asyncio.sleep(3.0)
+                # ejected: reads backoff (later unreachable, once its reports go stale)
+                assert sample(gw, "kvgate_node_state", node="e0", state="backoff") == 1
+                await asyncio.sleep(HUNG_S - 3.0)
+                assert sample(gw, "kvgate_node_state", node="e0", state="healthy") == 0
             finally:
                 hung.send_signal(signal.SIGCONT)
             resumed = time.monotonic()
             outlier = gw.gateway.pipeline.outlier
             while "e0" in outlier.ejected() and time.monotonic() - resumed < 10:
-                await asyncio.sleep(0.05)
-            assert "e0" not in outlier.ejected()  # it recovered after SIGCONT
+                await asyncio.sleep(0.02)
+            # it recovered after SIGCONT: its next scrape answers, so it is probed at once
+            # (not at the end of an ejection doubled by 20 s of failed probes)
+            assert "e0" not in outlier.ejected()
+            assert time.monotonic() - resumed <= 0.5 + 1.0
             back = dispatches_to(gw, "e0")
             await asyncio.sleep(1.0)
             stop.set()

@@ -25,7 +25,11 @@ sent after the fault; ``late errors`` the same among requests sent >= 1 s after 
 node(s) (and how many dispatches); ``max wait`` the longest request during the fault;
 ``recovery`` the time from restart / SIGCONT / Redis start until the node serves a
 request again (or, for ``abort``, until engines and the quota ledger are back to
-baseline; for ``redis``, until the gateway reports the store up).
+baseline; for ``redis``, until the gateway reports the store up); ``back in rotation``
+the time from a faulty node answering ``/health`` again (restart) or SIGCONT until
+``/admin/summary`` shows it routable and not ejected. The load: 8 system prompts (8 route
+keys) plus, with ``--new-session-every n`` (default 4), every n-th request a new session
+(a prefix nobody holds), so an empty restarted node has work it can win.
 
     .venv/bin/python bench/faults.py                      # all scenarios, ~3 minutes
     .venv/bin/python bench/faults.py --scenarios kill1,stop1 --down-s 5 --stop-s 10 --json out.json
@@ -354,6 +358,12 @@ def _errors(results: list[Result], t0: float, late: float = 0.0) -> tuple[int, i
     return sum(not r.stream for r in after), sum(r.stream for r in after)
 
 
+def _rotation(watch: Watch, up_at: dict[str, float]) -> float | None:
+    """The longest time from a node being up again until it was back in rotation."""
+    times = [watch.in_rotation_after({node}, t) for node, t in up_at.items()]
+    return None if None in times else max(t for t in times if t is not None)
+
+
 def _served_after(results: list[Result], node: str, t0: float) -> float | None:
     times = [r.done - t0 for r in results if r.node == node and not r.error and r.sent >= t0]
     return min(times) if times else None
@@ -377,12 +387,14 @@ async def engine_fault(args: argparse.Namespace, name: str, n_victims: int, how:
                 cluster.engines[v].signal(signal.SIGKILL if how == "kill" else signal.SIGSTOP)
             await asyncio.sleep(held)
             t_back = time.monotonic()
+            up_at: dict[str, float] = {}  # node → when it answered /health again (or SIGCONT)
             for v in victims:
                 if how == "kill":
                     cluster.engines[v].popen.wait(timeout=10)  # type: ignore[union-attr]
                     await asyncio.to_thread(cluster.start_engine, v)
                 else:
                     cluster.engines[v].signal(signal.SIGCONT)
+                up_at[f"e{v}"] = time.monotonic()
             await runner
             await watch.stop()
         nodes = {f"e{v}" for v in victims}
@@ -405,7 +417,7 @@ async def engine_fault(args: argparse.Namespace, name: str, n_victims: int, how:
             None if None in recovered else max(r for r in recovered if r is not None),
             f"{how} {','.join(sorted(nodes))} for {held:.0f} s; {back_dispatches} dispatches "
             f"to it in the {args.after_s:.0f} s after",
-            watch.in_rotation_after(nodes, t_back),
+            _rotation(watch, up_at),
         )
 
 

@@ -25,7 +25,11 @@ sent after the fault; ``late errors`` the same among requests sent >= 1 s after 
 node(s) (and how many dispatches); ``max wait`` the longest request during the fault;
 ``recovery`` the time from restart / SIGCONT / Redis start until the node serves a
 request again (or, for ``abort``, until engines and the quota ledger are back to
-baseline; for ``redis``, until the gateway reports the store up).
+baseline; for ``redis``, until the gateway reports the store up); ``back in rotation``
+the time from a faulty node answering ``/health`` again (restart) or SIGCONT until
+``/admin/summary`` shows it routable and not ejected. The load: 8 system prompts (8 route
+keys) plus, with ``--new-session-every n`` (default 4), every n-th request a new session
+(a prefix nobody holds), so an empty restarted node has work it can win.
 
     .venv/bin/python bench/faults.py                      # all scenarios, ~3 minutes
     .venv/bin/python bench/faults.py --scenarios kill1,stop1 --down-s 5 --stop-s 10 --json out.json
@@ -212,14 +216,18 @@ class Load:
     url: str
     rate: float
     max_tokens: int
+    new_session_every: int = 0  # every n-th request opens a new session (0: never)
     results: list[Result] = field(default_factory=list)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def one(self, session: aiohttp.ClientSession, i: int, stream: bool, **kw: Any) -> None:
+        # 8 system prompts: 8 route keys, so every node gets work; a new session brings a
+        # prefix nobody holds yet (where a restarted, empty node can win)
+        every = self.new_session_every
+        system = f"session {i}" if every and i % every == 0 else f"number {i % 8}"
         body = {"model": "sim", "max_tokens": kw.get("max_tokens") or self.max_tokens, "stream": stream,
                 "ignore_eos": True, "messages": [
-                    # 8 system prompts: 8 route keys, so every node gets work
-                    {"role": "system", "content": f"You are assistant number {i % 8}."},
+                    {"role": "system", "content": f"You are assistant {system}."},
                     {"role": "user", "content": f"fault run {i}"}]}  # fmt: skip
         sent = time.monotonic()
         status: int | None = None
@@ -252,13 +260,34 @@ class Load:
         await asyncio.gather(*self._tasks)
 
 
-class Watch:
-    """Polls /metrics at 10 Hz: dispatches per node and the store state."""
+ROUTABLE = ("healthy", "re-register")
 
-    def __init__(self, url: str) -> None:
+
+class Watch:
+    """Polls /metrics at 10 Hz: dispatches per node and the store state; with an admin
+    token also /admin/summary: which nodes are in rotation (routable state, not ejected)."""
+
+    def __init__(self, url: str, admin_token: str | None = None) -> None:
         self.url = url
+        self.admin = {"Authorization": f"Bearer {admin_token}"} if admin_token else None
         self.samples: list[tuple[float, dict[str, float], float | None]] = []
+        self.rotation: list[tuple[float, frozenset[str]]] = []
         self._task: asyncio.Task[None] | None = None
+
+    async def _poll_rotation(self, session: aiohttp.ClientSession) -> None:
+        async with session.get(self.url + "/admin/summary", headers=self.admin) as r:
+            rows = (await r.json())["nodes"]
+        routable = frozenset(
+            row["node_id"] for row in rows if row["state"] in ROUTABLE and not row["outlier"]
+        )
+        self.rotation.append((time.monotonic(), routable))
+
+    def in_rotation_after(self, nodes: set[str], t0: float) -> float | None:
+        """Seconds after t0 until every one of ``nodes`` was in rotation (None: never)."""
+        for t, routable in self.rotation:
+            if t >= t0 and nodes <= routable:
+                return t - t0
+        return None
 
     async def _loop(self, session: aiohttp.ClientSession) -> None:
         while True:
@@ -273,6 +302,8 @@ class Watch:
                 found = re.search(r"^kvgate_store_up ([0-9.]+)$", text, re.M)
                 store_up = float(found.group(1)) if found else None
                 self.samples.append((time.monotonic(), per_node, store_up))
+                if self.admin is not None:
+                    await self._poll_rotation(session)
             await asyncio.sleep(0.1)
 
     def start(self, session: aiohttp.ClientSession) -> None:
@@ -319,11 +350,18 @@ class Row:
     max_wait_s: float
     recovery_s: float | None
     note: str = ""
+    rotation_s: float | None = None  # restart / SIGCONT → every faulty node in rotation
 
 
 def _errors(results: list[Result], t0: float, late: float = 0.0) -> tuple[int, int]:
     after = [r for r in results if r.sent >= t0 + late and r.error]
     return sum(not r.stream for r in after), sum(r.stream for r in after)
+
+
+def _rotation(watch: Watch, up_at: dict[str, float]) -> float | None:
+    """The longest time from a node being up again until it was back in rotation."""
+    times = [watch.in_rotation_after({node}, t) for node, t in up_at.items()]
+    return None if None in times else max(t for t in times if t is not None)
 
 
 def _served_after(results: list[Result], node: str, t0: float) -> float | None:
@@ -334,8 +372,8 @@ def _served_after(results: list[Result], node: str, t0: float) -> float | None:
 async def engine_fault(args: argparse.Namespace, name: str, n_victims: int, how: str) -> Row:
     extra = {"auth": {"admin_token": "bench"}}
     with Cluster(args.time_scale, extra, redis=False) as cluster:
-        load = Load(cluster.url, args.rate, args.max_tokens)
-        watch = Watch(cluster.url)
+        load = Load(cluster.url, args.rate, args.max_tokens, args.new_session_every)
+        watch = Watch(cluster.url, admin_token="bench")
         async with aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=120), connector=aiohttp.TCPConnector(limit=0)
         ) as session:
@@ -349,12 +387,14 @@ async def engine_fault(args: argparse.Namespace, name: str, n_victims: int, how:
                 cluster.engines[v].signal(signal.SIGKILL if how == "kill" else signal.SIGSTOP)
             await asyncio.sleep(held)
             t_back = time.monotonic()
+            up_at: dict[str, float] = {}  # node → when it answered /health again (or SIGCONT)
             for v in victims:
                 if how == "kill":
                     cluster.engines[v].popen.wait(timeout=10)  # type: ignore[union-attr]
                     await asyncio.to_thread(cluster.start_engine, v)
                 else:
                     cluster.engines[v].signal(signal.SIGCONT)
+                up_at[f"e{v}"] = time.monotonic()
             await runner
             await watch.stop()
         nodes = {f"e{v}" for v in victims}
@@ -377,6 +417,7 @@ async def engine_fault(args: argparse.Namespace, name: str, n_victims: int, how:
             None if None in recovered else max(r for r in recovered if r is not None),
             f"{how} {','.join(sorted(nodes))} for {held:.0f} s; {back_dispatches} dispatches "
             f"to it in the {args.after_s:.0f} s after",
+            _rotation(watch, up_at),
         )
 
 
@@ -544,8 +585,8 @@ def table(rows: list[Row]) -> str:
 
     out = [
         "| fault | requests after fault | errors (non-stream / stream) | errors, sent ≥ 1 s after | "
-        "dead node chosen for (dispatches) | max wait | recovery | note |",
-        "|---|---|---|---|---|---|---|---|",
+        "dead node chosen for (dispatches) | max wait | back in rotation | recovery | note |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         chosen = (
@@ -554,7 +595,8 @@ def table(rows: list[Row]) -> str:
         out.append(
             f"| {r.fault} | {r.requests} | {r.errors_unary} / {r.errors_stream} "
             f"| {r.late_unary} / {r.late_stream} "
-            f"| {chosen} | {f(r.max_wait_s)} | {f(r.recovery_s)} | {r.note} |"
+            f"| {chosen} | {f(r.max_wait_s)} | {f(r.rotation_s)} | {f(r.recovery_s)} "
+            f"| {r.note} |"
         )
     return "\n".join(out)
 
@@ -570,6 +612,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--after-s", type=float, default=8.0, help="load after the node is back")
     parser.add_argument("--down-s", type=float, default=15.0, help="killed engines stay down")
     parser.add_argument("--stop-s", type=float, default=20.0, help="SIGSTOP length (bounded)")
+    parser.add_argument(
+        "--new-session-every",
+        type=int,
+        default=4,
+        help="every n-th request opens a new session (a new prefix); 0: only the 8 prompts",
+    )
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
     args.stop_s = min(args.stop_s, 30.0)

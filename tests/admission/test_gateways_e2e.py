@@ -103,10 +103,14 @@ async def test_two_gateways_share_one_quota(engine, fresh_redis_server) -> None:
 
 
 async def test_killed_gateway_returns_its_reservations_within_the_lease(
-    engine, fresh_redis_server
+    fresh_redis_server,
 ) -> None:
-    doomed = gateway(engine, fresh_redis_server.url, "gw-doomed")
-    survivor = gateway(engine, fresh_redis_server.url, "gw-survivor")
+    # an engine at wall-clock speed: each 450-token stream runs for seconds, so both are
+    # still held when usage is read and when the gateway dies (at 50x a stream could end
+    # first and its release would make the figures race)
+    slow = start_engine_process(time_scale=1.0, model="sim")
+    doomed = gateway(slow, fresh_redis_server.url, "gw-doomed")
+    survivor = gateway(slow, fresh_redis_server.url, "gw-survivor")
     probe = open_store(fresh_redis_server.url)
     try:
         async with aiohttp.ClientSession() as session:
@@ -142,6 +146,7 @@ async def test_killed_gateway_returns_its_reservations_within_the_lease(
         await probe.close()
         doomed.stop()
         survivor.stop()
+        slow.stop()
 
 
 async def test_full_queue_answers_429_with_retry_after(engine) -> None:

@@ -224,6 +224,55 @@ async def test_killed_engine_is_ejected_at_once_and_probed_back() -> None:
                 restarted.stop()
 
 
+async def test_engine_restarted_after_a_long_outage_is_back_within_a_scrape_and_a_probe() -> None:
+    scrape_s = 0.5
+    with engines(3) as started:
+        # default policy and cold boost: the restarted node must win traffic on its own
+        cfg = config([e.url for e in started])
+        cfg["routing"] = {"scrape_interval_s": scrape_s}
+        cfg["pipeline"] = {"outlier": {"base_ejection_s": 1.0, "max_ejection_s": 30.0}}
+        async with running_gateway(cfg) as gw, aiohttp.ClientSession() as s:
+            stop = asyncio.Event()
+            load = asyncio.create_task(_load(s, gw.url, stop, rate=20, max_tokens=20))
+            await asyncio.sleep(0.5)
+            port = int(started[0].url.rsplit(":", 1)[1])
+            started[0].kill()
+            outlier = gw.gateway.pipeline.outlier
+            while "e0" not in outlier.ejected():
+                await asyncio.sleep(0.02)
+            # the node view shows the ejection: kvgate_node_state must not read healthy
+            assert sample(gw, "kvgate_node_state", node="e0", state="backoff") == 1
+            assert sample(gw, "kvgate_node_state", node="e0", state="healthy") == 0
+            # down long enough for failed probes to double its ejection past 4 s
+            await asyncio.sleep(7.5)
+            span = outlier.snapshot(gw.gateway.clock.now())["e0"]["ejected_for_s"]
+            assert float(span) > 4.0, span  # type: ignore[arg-type]
+            before = dispatches_to(gw, "e0")
+            restarted = start_engine_process(
+                time_scale=TIME_SCALE, model=MODEL, extra_args=["--base-port", str(port)]
+            )
+            try:
+                back_at = time.monotonic()  # the new process listens from here on
+                while dispatches_to(gw, "e0") == before and time.monotonic() - back_at < 10:
+                    await asyncio.sleep(0.02)
+                waited = time.monotonic() - back_at
+                # one scrape sees it back, its probe passes at once, then it takes work
+                # (1 s of slack for a loaded 2-core machine; the ejection left was > 4 s)
+                assert waited <= scrape_s + 1.0, (waited, span)
+                assert (
+                    sample(gw, "kvgate_outlier_recalls_total", node="e0", cause="restart")
+                    + (sample(gw, "kvgate_outlier_recalls_total", node="e0", cause="report"))
+                    >= 1
+                )
+                assert sample(gw, "kvgate_node_state", node="e0", state="backoff") == 0
+                stop.set()
+                results = await load
+                assert [r for r in results if r[2] != 200] == []
+            finally:
+                stop.set()
+                restarted.stop()
+
+
 async def test_three_of_four_dead_the_healthy_one_serves_everything() -> None:
     with engines(4) as started:
         async with (
@@ -246,6 +295,9 @@ async def test_three_of_four_dead_the_healthy_one_serves_everything() -> None:
             assert gw.gateway.pipeline.outlier.ejected() == {"e0", "e1", "e2"}
 
 
+HUNG_S = 20.0  # SIGSTOP length of the hung-engine test (issue 11's figure)
+
+
 async def test_hung_engine_costs_at_most_first_byte_timeout_plus_one_retry() -> None:
     with engines(3) as started:
         cfg = config([e.url for e in started], cold_boost=False)
@@ -259,14 +311,22 @@ async def test_hung_engine_costs_at_most_first_byte_timeout_plus_one_retry() -> 
             hung.send_signal(signal.SIGSTOP)
             try:
                 stopped_at = time.monotonic()
-                await asyncio.sleep(4.0)
+                # the issue's fault: frozen for HUNG_S (its failed probes grow the ejection)
+                await asyncio.sleep(3.0)
+                # ejected: reads backoff (later unreachable, once its reports go stale)
+                assert sample(gw, "kvgate_node_state", node="e0", state="backoff") == 1
+                await asyncio.sleep(HUNG_S - 3.0)
+                assert sample(gw, "kvgate_node_state", node="e0", state="healthy") == 0
             finally:
                 hung.send_signal(signal.SIGCONT)
             resumed = time.monotonic()
             outlier = gw.gateway.pipeline.outlier
             while "e0" in outlier.ejected() and time.monotonic() - resumed < 10:
-                await asyncio.sleep(0.05)
-            assert "e0" not in outlier.ejected()  # it recovered after SIGCONT
+                await asyncio.sleep(0.02)
+            # it recovered after SIGCONT: its next scrape answers, so it is probed at once
+            # (not at the end of an ejection doubled by 20 s of failed probes)
+            assert "e0" not in outlier.ejected()
+            assert time.monotonic() - resumed <= 0.5 + 1.0
             back = dispatches_to(gw, "e0")
             await asyncio.sleep(1.0)
             stop.set()

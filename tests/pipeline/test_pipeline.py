@@ -15,7 +15,7 @@ from kvgate.routing import NodeView, Router, RoutingConfig, route_request_from_t
 from kvgate.routing.outlier import OutlierConfig, OutlierDetector
 from kvgate.sim.cluster import ClusterSim, SimConfig
 from kvgate.sim.events import ClusterEvent
-from kvgate.types import AdmissionKind, AdmissionResult, NodeSpec, RouteRequest
+from kvgate.types import AdmissionKind, AdmissionResult, NodeSpec, NodeState, RouteRequest
 from kvgate.workloads import generate_workload
 
 
@@ -53,6 +53,54 @@ def test_outlier_ejects_at_once_and_probes_back_with_backoff() -> None:
     assert not detector.record_failure("b", "http_5xx", 20.0)
     assert not detector.record_failure("b", "http_5xx", 20.0)
     assert detector.record_failure("b", "http_5xx", 20.0)
+
+
+def test_an_ejected_node_seen_coming_back_is_probed_at_once() -> None:
+    detector = OutlierDetector(OutlierConfig(base_ejection_s=1.0, max_ejection_s=30.0))
+    detector.record_failure("a", "connect", 0.0)
+    detector.report_seen("a", fresh=True, now=0.5)  # a scrape from before it died: no recall
+    assert detector.next_probe_at() == 1.0
+    for t in (1.0, 3.0, 7.0, 15.0):  # down for 15 s: the ejection doubles to 16 s
+        assert detector.due_probes(t) == ["a"]
+        detector.probe_result("a", False, t)
+    assert detector.next_probe_at() == pytest.approx(31.0)
+    detector.report_seen("a", fresh=False, now=16.0)
+    assert detector.next_probe_at() == pytest.approx(31.0)
+    detector.report_seen("a", fresh=True, now=17.0)  # it answers its scrapes again
+    assert detector.due_probes(17.0) == ["a"]
+    detector.probe_result("a", True, 17.1)
+    assert detector.ejected() == frozenset()
+    # a restart seen (new process start time) recalls at once too, even before any probe
+    detector.record_failure("b", "connect", 20.0)
+    detector.restarted("b", 20.2)
+    assert detector.due_probes(20.2) == ["b"]
+    # a node ejected for 5xx answers keeps its scrapes: fresh reports recall nothing
+    for _ in range(3):
+        detector.record_failure("c", "http_5xx", 30.0)
+    assert detector.due_probes(31.0) == ["c"]
+    detector.probe_result("c", False, 31.0)
+    detector.report_seen("c", fresh=True, now=31.5)
+    assert detector.due_probes(31.5) == [] and detector.next_probe_at() == pytest.approx(33.0)
+
+
+def test_an_ejected_node_reads_as_backoff_until_its_probe_passes() -> None:
+    pipeline = _pipeline()
+    nodes = pipeline.router.nodes
+    flow = pipeline.start(_route())
+    pipeline.accept(flow, None)
+    decision = pipeline.next_attempt(flow)
+    node = decision.node_id
+    assert nodes.state_of(node) == NodeState.HEALTHY
+    pipeline.attempt_failed(flow, decision, Failure("connect", "refused"))
+    assert nodes.state_of(node) == NodeState.BACKOFF
+    assert nodes.get(node).base_state == NodeState.HEALTHY  # routing filters unchanged
+    nodes.set_state(node, NodeState.QUIESCING)  # an operator's state is shown as it is
+    assert nodes.state_of(node) == NodeState.QUIESCING
+    nodes.set_state(node, NodeState.HEALTHY)
+    pipeline.router.clock.advance(1.0)  # type: ignore[attr-defined]
+    assert pipeline.due_probes() == [node]
+    pipeline.probe_result(node, True)
+    assert nodes.state_of(node) == NodeState.HEALTHY
 
 
 def test_outlier_detection_flag_off_never_ejects() -> None:

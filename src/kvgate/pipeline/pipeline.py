@@ -32,6 +32,8 @@ from kvgate.types import (
     AdmissionKind,
     AdmissionRequest,
     AdmissionResult,
+    NodeReport,
+    NodeState,
     NoNodeAvailable,
     RouteDecision,
     RouteRequest,
@@ -141,7 +143,14 @@ class RequestPipeline:
             registry=registry,
         )
         self._pools: frozenset[str] | None = None  # node pools, re-read when nodes change
-        router.nodes.subscribe(on_add=self._nodes_changed, on_remove=self._nodes_changed)
+        router.nodes.subscribe(
+            on_add=self._nodes_changed,
+            on_remove=self._nodes_changed,
+            on_reregister=self._node_restarted,
+            on_report=self._node_reported,
+        )
+        # an ejected node reads as backoff in the node view (kvgate_node_state, summary)
+        router.nodes.overlay = self._ejected_state
 
     # -- admission -----------------------------------------------------------------------
     def start(
@@ -198,6 +207,16 @@ class RequestPipeline:
 
     def _nodes_changed(self, node_id: str) -> None:
         self._pools = None
+
+    # -- what the node view tells the outlier detector -----------------------------------
+    def _ejected_state(self, node_id: str) -> NodeState | None:
+        return NodeState.BACKOFF if node_id in self.outlier.ejected() else None
+
+    def _node_restarted(self, node_id: str) -> None:
+        self.outlier.restarted(node_id, self.clock.now())
+
+    def _node_reported(self, node_id: str, report: NodeReport, dispatched_since: int) -> None:
+        self.outlier.report_seen(node_id, fresh=not report.stale, now=self.clock.now())
 
     # -- attempts ------------------------------------------------------------------------
     def next_attempt(self, flow: Flow) -> RouteDecision:

@@ -25,6 +25,8 @@ from kvgate.routing.config import RoutingConfig
 from kvgate.routing.load_score import load_score
 from kvgate.types import NodeReport, NodeSpec, NodeState
 
+_OVERLAID = frozenset({NodeState.HEALTHY, NodeState.REREGISTER})
+
 
 class UnknownNode(KeyError):
     pass
@@ -83,6 +85,9 @@ class NodeView:
         # (node id, report, requests dispatched since the previous report)
         self._on_report: list[Callable[[str, NodeReport, int], None]] = []
         self._newest_registration = float("-inf")
+        # a state reported by another mechanism over a routable node (the pipeline's
+        # outlier detector: an ejected node reads as backoff); None: no overlay
+        self.overlay: Callable[[str], NodeState | None] | None = None
 
     # -- listeners ---------------------------------------------------------------------
     def subscribe(
@@ -243,6 +248,8 @@ class NodeView:
         entry = self._require(node_id)
         if not self.is_fresh(entry, self.clock.now()):
             return NodeState.UNREACHABLE
+        if self.overlay is not None and entry.base_state in _OVERLAID:
+            return self.overlay(node_id) or entry.base_state
         return entry.base_state
 
     def load(self, node_id: str) -> float:

@@ -8,6 +8,11 @@ pipeline's driver) when its ejection ends, and only a successful probe puts it b
 rotation. Each failed probe doubles the ejection (up to ``max_ejection_s``); a success
 resets it. Report staleness stays the second, slower signal (the node view).
 
+A node seen coming back (its reports fresh again after a failed probe or a stale
+scrape, or a restart detected) is probed at once instead of at the end of a doubled
+ejection: a node restarted after a long outage is back within one scrape interval plus
+one probe, not one ``max_ejection_s``. Only a passing probe re-admits it, as always.
+
 Clock-free: every method takes ``now``, so the live gateway and the simulator share it.
 """
 
@@ -47,6 +52,7 @@ class _NodeHealth:
     ejected_until: float | None = None  # None: in rotation
     reason: str = ""
     probing: bool = False  # a probe is in flight
+    unseen: bool = False  # a probe failed or a scrape went stale since the ejection
 
 
 class OutlierDetector:
@@ -71,6 +77,12 @@ class OutlierDetector:
             "kvgate_outlier_probes",
             "Re-admission probes of ejected nodes, by node and result",
             ["node", "result"],
+            registry=registry,
+        )
+        self.recalls_total = Counter(
+            "kvgate_outlier_recalls",
+            "Ejected nodes probed early because they were seen coming back, by node and cause",
+            ["node", "cause"],
             registry=registry,
         )
         if registry is not None:
@@ -121,6 +133,9 @@ class OutlierDetector:
         self._out = self._out | {node_id}
         h.reason = reason
         h.probing = False
+        # a failed probe of a node that stopped answering (a 5xx-ejected node answers
+        # its scrapes all along: those say nothing about it coming back)
+        h.unseen = h.ejections > 1 and reason in CONNECT_KINDS
         h.connect_failures = h.http_failures = 0
         log.log(
             logging.WARNING if h.ejections == 1 else logging.DEBUG,  # later: failed probes
@@ -130,6 +145,32 @@ class OutlierDetector:
             h.ejections,
             span,
         )
+
+    # -- signals from the node's reports --------------------------------------------
+    def report_seen(self, node_id: str, *, fresh: bool, now: float) -> None:
+        """A report arrived for the node: stale ones mark it unseen; a fresh one after
+        that means it answers again, so its probe is made due now."""
+        h = self._nodes.get(node_id)
+        if h is None or h.ejected_until is None:
+            return
+        if not fresh:
+            h.unseen = True
+        elif h.unseen:
+            self._recall(node_id, h, "report", now)
+
+    def restarted(self, node_id: str, now: float) -> None:
+        """The node restarted (a new process answers): probe it now."""
+        h = self._nodes.get(node_id)
+        if h is not None and h.ejected_until is not None:
+            self._recall(node_id, h, "restart", now)
+
+    def _recall(self, node_id: str, h: _NodeHealth, cause: str, now: float) -> None:
+        h.unseen = False
+        if h.probing or h.ejected_until is None or h.ejected_until <= now:
+            return  # a probe is in flight or already due
+        h.ejected_until = now
+        self.recalls_total.labels(node_id, cause).inc()
+        log.info("node %s seen coming back (%s): probing it now", node_id, cause)
 
     # -- re-admission probing ---------------------------------------------------------
     def due_probes(self, now: float) -> list[str]:
@@ -157,6 +198,7 @@ class OutlierDetector:
         if ok:
             log.warning("node %s passed its probe: back in rotation", node_id)
             h.ejected_until, h.probing, h.ejections, h.reason = None, False, 0, ""
+            h.unseen = False
             self._out = self._out - {node_id}
         else:
             self._eject(node_id, h, h.reason or "probe", now)

@@ -50,7 +50,9 @@ class QuotaRule:
         max_step: float,
         precision: float = 1.1,
         memory: int = 6,
+        decrease: float = 0.7,
     ) -> None:
+        self.decrease = decrease
         self.tighten_above = tighten_above
         self.kv_middle = (tighten_above + relax_below) / 2
         self.max_step = max_step
@@ -72,6 +74,28 @@ class QuotaRule:
             if mark is not None and self._period - mark[1] >= self.memory:
                 setattr(self, name, None)
 
+    def breach(self, total: int, ttft_ratio: float) -> Move:
+        """A check inside the period saw latency far over target: cut at once.
+
+        Multiplicative decrease by ``decrease`` (not by the measured excess: above the
+        knee latency is a cliff, and right after a change it is inflated by the burst of
+        admissions), never below the last total seen fine. The total is marked too much;
+        a remembered fine total at or above it is dropped (capacity shrank)."""
+        self.too_much = (total, self._period)
+        if self.fine is not None and self.fine[0] >= total:
+            self.fine = None
+        cut = max(1, int(total * self.decrease))
+        if self.fine is not None:
+            cut = max(self.fine[0], cut)
+        return Move(cut, "breach", ttft_ratio)
+
+    def _excess(self, obs: Observation) -> float:
+        """How far over the limit the worse signal is (> 1), from latency and KV."""
+        excess = obs.ttft_ratio if obs.ttft_ratio is not None else 1.0
+        if obs.kv_ratio is not None:
+            excess = max(excess, obs.kv_ratio / self.kv_middle)
+        return excess
+
     def next_total(self, obs: Observation) -> Move:
         self._period += 1
         self._forget()
@@ -81,28 +105,30 @@ class QuotaRule:
             self.too_much = (t, self._period)
             if self.fine is not None and self.fine[0] >= t:
                 self.fine = None  # capacity shrank: what was fine is not any more
-            if self.fine is not None:
-                return Move(int(math.sqrt(self.fine[0] * t)), "tighten", p)
-            factor = 1.0 / obs.ttft_ratio if obs.ttft_ratio and obs.ttft_ratio > 1 else 1.0
-            if obs.kv_ratio is not None and obs.kv_ratio > self.tighten_above:
-                factor = min(factor, self.kv_middle / obs.kv_ratio)
-            factor = max(1.0 / self.max_step, min(0.85, factor))
-            return Move(max(1, int(t * factor)), "tighten", p)
+            # the estimate: latency and KV in proportion to the total (true below the knee)
+            factor = max(1.0 / self.max_step, min(0.85, 1.0 / self._excess(obs)))
+            estimate = int(t * factor)
+            if self.fine is not None:  # a cliff can make the estimate far too low
+                estimate = max(estimate, int(math.sqrt(self.fine[0] * t)))
+            return Move(max(1, estimate), "tighten", p)
         if not obs.demand:
             return Move(t, "hold", p)
-        probing = self.fine is not None  # it was here before: climb carefully
         self.fine = (t, self._period) if self.fine is None or t >= self.fine[0] else self.fine
         if self.too_much is not None and self.too_much[0] <= t:
             self.too_much = None  # capacity grew: what was too much is not any more
+        # within ``precision`` of the limit: hold (hysteresis). Else aim at the middle of
+        # that band, taking latency and KV in proportion to the total below the knee.
+        if p is not None and p * self.precision > 1.0:
+            return Move(t, "hold", p)
+        room = (1.0 + 1.0 / self.precision) / 2 / p if p else self.max_step
         if self.too_much is not None:
             high = self.too_much[0]
             if high <= self.fine[0] * self.precision:
                 return Move(self.fine[0] if t != self.fine[0] else t, "hold", p)
-            return Move(int(math.sqrt(self.fine[0] * high)), "relax", p)
+            target = min(int(math.sqrt(self.fine[0] * high)), int(t * room))
+            return Move(max(t, target), "relax", p)
         factor = 2.0
         if obs.kv_ratio is not None and obs.kv_ratio > 0:
             factor = self.kv_middle / obs.kv_ratio
-        factor = min(self.max_step, max(1.1, factor))
-        if probing:
-            factor = min(factor, self.precision**2)
+        factor = min(self.max_step, room, max(1.1, factor))
         return Move(int(t * factor), "relax", p)

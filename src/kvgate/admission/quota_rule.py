@@ -61,6 +61,7 @@ class QuotaRule:
         self.fine: tuple[int, int] | None = None  # (total, period seen)
         self.too_much: tuple[int, int] | None = None
         self._period = 0
+        self.forgot_high = False
 
     def pressure(self, obs: Observation) -> float | None:
         signals = [obs.ttft_ratio] if obs.ttft_ratio is not None else []
@@ -73,6 +74,7 @@ class QuotaRule:
             mark = getattr(self, name)
             if mark is not None and self._period - mark[1] >= self.memory:
                 setattr(self, name, None)
+                self.forgot_high = self.forgot_high or name == "too_much"
 
     def breach(self, total: int, ttft_ratio: float) -> Move:
         """A check inside the period saw latency far over target: cut at once.
@@ -81,7 +83,7 @@ class QuotaRule:
         knee latency is a cliff, and right after a change it is inflated by the burst of
         admissions), never below the last total seen fine. The total is marked too much;
         a remembered fine total at or above it is dropped (capacity shrank)."""
-        self.too_much = (total, self._period)
+        self.too_much, self.forgot_high = (total, self._period), False
         if self.fine is not None and self.fine[0] >= total:
             self.fine = None
         cut = max(1, int(total * self.decrease))
@@ -102,7 +104,7 @@ class QuotaRule:
         p = self.pressure(obs)
         t = obs.total
         if p is not None and p > 1.0:
-            self.too_much = (t, self._period)
+            self.too_much, self.forgot_high = (t, self._period), False
             if self.fine is not None and self.fine[0] >= t:
                 self.fine = None  # capacity shrank: what was fine is not any more
             # the estimate: latency and KV in proportion to the total (true below the knee)
@@ -131,4 +133,6 @@ class QuotaRule:
         if obs.kv_ratio is not None and obs.kv_ratio > 0:
             factor = self.kv_middle / obs.kv_ratio
         factor = min(self.max_step, room, max(1.1, factor))
+        if self.forgot_high:  # a too-much mark was forgotten: probe it again step by step
+            factor = min(factor, self.precision)
         return Move(int(t * factor), "relax", p)

@@ -187,3 +187,30 @@ def test_streams_still_waiting_for_a_first_token_count_as_slow() -> None:
     p, n = core.first_tokens.quantile("interactive", 99, 0.0, now=9.0, pending=pending)
     assert (p, n) == (9.0, 4)
     release(core, clock, silent)
+
+
+def test_a_real_overload_sim_converges_from_bad_starts() -> None:
+    """kvgate sim --workload overload at 3× capacity (2 nodes), dynamic quota from 3× and
+    0.3× of 600k — the best static total of the overload bench (docs/benchmarks.md).
+    From 3×: the total in force is within ±10% of it from the end of period 2 on. From
+    0.3×: from one check (5 s) later — the second half of period 2's ramped raise.
+    (Up to the run's end, before the 6-period memory of a too-much mark expires.)"""
+    from kvgate.sim.cluster import ClusterSim, SimConfig
+    from kvgate.workloads import generate_workload
+
+    best, interval, check = 600_000, 25.0, 5.0
+    workload = generate_workload("overload", seed=0, requests=20_000, rate=96)
+    for factor, since in ((3.0, 2 * interval), (0.3, 2 * interval + check)):
+        config = SimConfig(
+            nodes=2,
+            admission=True,
+            total_quota=int(factor * best),
+            degrade_modes={"batch": "low_priority"},
+        )
+        summary = ClusterSim(workload, config, "hybrid").run().summary
+        assert summary["lost"] == 0
+        steps = [(at, total) for at, total, _, _ in summary["quota_steps"]]
+        before = [total for at, total in steps if at <= since]
+        in_force = before[-1:] + [total for at, total in steps if at > since]
+        assert steps[-1][0] > since and in_force, steps
+        assert all(0.9 * best <= t <= 1.1 * best for t in in_force), (factor, steps)

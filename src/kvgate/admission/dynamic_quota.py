@@ -1,13 +1,17 @@
 """The dynamic total quota loop: one leader measures, decides and publishes; others follow.
 
-Each period (``interval_s``) the replica holding the leader lease in the store
+``tick(now)`` runs every ``check_s`` (the gateway's loop, or the simulator in virtual
+time). Once a period (``interval_s``) the replica holding the leader lease in the store
 (``/kvgate/global/quota/leader``) observes KV use against measured capacity and the
 watched class's admission → first-token latency against its target, applies
-``QuotaRule`` (quota_rule.py), bounds the result by the floor (guarantees, one mean
-request, ``min_total``) and the ceiling (the absolute hard cap), and publishes the total
-at ``/kvgate/global/quota/total``. Other replicas only read that key (they also watch
-it). An optional forecast (``forecast(t)`` → runtime tokens needed at time t, or None)
-pre-scales: the total is raised to it ahead of time (flag ``forecast``).
+``QuotaRule`` (quota_rule.py) and publishes the total at ``/kvgate/global/quota/total``;
+other replicas only read that key (they also watch it). Between period steps each tick
+is a check: a *breach* (latency far over target since the last check) cuts the total at
+once, and a raise is applied in parts (*ramp*) over the settle window so its admission
+burst is spread. Bounds: the floor (guarantees, one mean request, ``min_total``) and the
+ceiling (the absolute hard cap; the tighten watermark of measured KV capacity ×
+overcommit). An optional forecast (``forecast(t)`` → runtime tokens needed at time t,
+or None) pre-scales: the total is raised to it ahead of time (flag ``forecast``).
 """
 
 from __future__ import annotations

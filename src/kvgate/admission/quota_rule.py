@@ -1,23 +1,25 @@
-"""The dynamic-quota rule: bracket the right total between "fine" and "too much", bisect.
+"""The dynamic-quota rule: estimate the total from the headroom, bracket, hold near the limit.
 
-Each period yields one observation of the current total: *too much* when the watched
-class's admission → first-token percentile is over its target (``ttft_ratio`` > 1) or
-KV use is above the tighten watermark (80%); *fine* when neither holds while work was
-queued or refused (the total was what limited it). The rule keeps the highest fine total
-and the lowest too-much total it has seen (each forgotten after ``memory`` periods, or at
-once when a newer observation contradicts it: capacity moved) and moves:
+Each period yields one observation of the current total and its pressure ``p``: the
+worse of the watched class's admission → first-token percentile over its target
+(``ttft_ratio``) and KV use over the tighten watermark (80%). *Too much* when ``p`` > 1;
+*fine* otherwise while work was queued or refused (the total was what limited it). The
+rule keeps the highest fine and the lowest too-much total (each forgotten after
+``memory`` periods, or at once when a newer observation contradicts it: capacity moved)
+and moves, taking latency and KV as proportional to the total below the knee:
 
-* too much, nothing fine known: down by the measured excess (1 / ttft_ratio, or the KV
-  middle / KV use), at least ×1/``max_step``, at most ×0.85;
-* fine, nothing too-much known: up toward the middle of the watermarks (50%–80% KV)
-  by KV use, at least ×1.1 and at most ×``max_step`` (at most ×``precision``² when it
-  was fine here before: a careful probe once an old too-much mark was forgotten);
-* both known: to their geometric mean (bisection) until they are within
-  ``precision`` of each other, then it holds at the fine one;
-* no unmet demand and nothing too much: hold (the total is not what limits anyone).
+* too much: × the measured excess (1 / excess, at least ×1/``max_step``, at most
+  ×0.85), not below the geometric mean with a known fine total (above the knee latency
+  is a cliff and the excess says little);
+* fine within ``precision`` of the limit (``p`` > 1/precision): hold (hysteresis);
+* fine: toward the middle of that hold band (× 0.955/``p``; KV: toward the middle of
+  the 50–80% watermarks), at most ×``max_step``, and with a too-much total known at most
+  to the geometric mean of the two; once the two are within ``precision``, hold at the
+  fine one; after a too-much mark was forgotten, at most ×``precision`` a period;
+* no unmet demand and nothing too much: hold.
 
-Multiplicative decrease and bounded increase, like AIMD, but the brackets make each
-step halve the remaining range instead of walking it in fixed 10% steps.
+``breach`` is the multiplicative decrease a check inside the period applies at once
+when latency is far over target (dynamic_quota.py).
 """
 
 from __future__ import annotations

@@ -38,14 +38,34 @@ def run(
     return summary
 
 
-def periods_to_reach(summary: dict[str, Any], target: int, tolerance: float) -> int | None:
-    """The first quota period after which the total stays within ±tolerance of target."""
-    steps = summary.get("quota_steps") or []
-    totals = [summary["quota_series"]["total"][0][1]] + [s[1] for s in steps]
-    for k in range(len(totals)):
-        if all(abs(t - target) <= tolerance * target for t in totals[k:]):
+def periods_to_reach(
+    summary: dict[str, Any], start: int, target: int, tolerance: float, interval_s: float
+) -> int | None:
+    """The first whole quota period k such that, from k periods after the start on, the
+    total in force (period steps, breach cuts and ramp steps alike) stays within
+    ±tolerance of target."""
+    changes = [(0.0, float(start))]
+    changes += [(at, total) for at, total, _, _ in summary.get("quota_steps") or []]
+    end = max(at for at, _ in changes)
+    k = 0
+    while k * interval_s <= end + interval_s:
+        since = k * interval_s
+        in_force = [t for at, t in changes if at <= since][-1:] + [
+            t for at, t in changes if at > since
+        ]
+        if all(abs(t - target) <= tolerance * target for t in in_force):
             return k
+        k += 1
     return None
+
+
+def trajectory(summary: dict[str, Any]) -> str:
+    """Every change of the total: time, new total and why (r relax, p ramp, b breach...)."""
+    return " → ".join(
+        f"{at:.0f}s {total / 1000:.0f}k{direction[0] if direction != 'ramp' else 'p'}"
+        for at, total, direction, _ in summary.get("quota_steps") or []
+        if direction != "hold"
+    )
 
 
 def row(name: str, s: dict[str, Any], extra: str = "–", reached: str = "–") -> str:
@@ -91,6 +111,9 @@ def main() -> int:
     )
     parser.add_argument("--out", type=Path, default=Path("bench-overload"))
     parser.add_argument(
+        "--interval", type=float, default=25.0, help="the quota period (dynamic_quota.interval_s)"
+    )
+    parser.add_argument(
         "--reuse", type=Path, default=None, help="take admission-off and static rows from here"
     )
     args = parser.parse_args()
@@ -106,9 +129,11 @@ def main() -> int:
         print(f"static {total}: goodput {static[total]['goodput_tokens_per_s']:.0f}", flush=True)
     best = max(static, key=lambda t: static[t]["goodput_tokens_per_s"])
     dynamic: dict[str, dict[str, Any]] = {}
+    starts: dict[str, int] = {}
     for factor in (0.3, 3.0):
         name = f"dynamic from {factor}x ({int(best * factor):,})"
-        dynamic[name] = run(workload, args, int(best * factor), True)
+        starts[name] = int(best * factor)
+        dynamic[name] = run(workload, args, starts[name], True)
         results[name] = dynamic[name]
     best_goodput = static[best]["goodput_tokens_per_s"]
     lines = [
@@ -122,11 +147,10 @@ def main() -> int:
         ratio = f"{s['goodput_tokens_per_s'] / best_goodput:.2f}x"
         reached = "–"
         if name in dynamic:
-            k = periods_to_reach(s, best, 0.10)
+            k = periods_to_reach(s, starts[name], best, 0.10, args.interval)
             reached = "never" if k is None else str(k)
-            steps = " → ".join(f"{t / 1000:.0f}k" for _, t, _, _ in s["quota_steps"])
             lines.append(row(name, s, ratio, reached))
-            lines.append(f"| &nbsp;&nbsp;totals per period | {steps} |||||||||")
+            lines.append(f"| &nbsp;&nbsp;trajectory | {trajectory(s)} |||||||||")
             continue
         lines.append(row(name, s, ratio, reached))
     table = "\n".join(lines)

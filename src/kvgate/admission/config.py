@@ -104,11 +104,24 @@ class DynamicQuotaConfig(_Strict):
     )
     precision: float = Field(default=1.1, gt=1, description="brackets this close: converged")
     memory_periods: int = Field(default=6, ge=1, description="how long a bracket is trusted")
+    check_s: float = Field(
+        default=5.0, gt=0, description="between breach checks inside a period (≤ interval_s)"
+    )
+    breach_ratio: float = Field(
+        default=2.0,
+        gt=1,
+        description="a check's first-token percentile over this × the target cuts at once",
+    )
+    breach_decrease: float = Field(
+        default=0.7, gt=0, lt=1, description="factor a breach multiplies the total by"
+    )
 
     @model_validator(mode="after")
     def _order(self) -> DynamicQuotaConfig:
         if self.relax_below >= self.tighten_above:
             raise ValueError("relax_below must be < tighten_above")
+        if self.check_s > self.interval_s:
+            raise ValueError("check_s must be <= interval_s")
         return self
 
 

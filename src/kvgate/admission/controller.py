@@ -201,13 +201,13 @@ class AdmissionController:
 
     async def _dynamic_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.config.dynamic_quota.interval_s)
             if self.flags.enabled("dynamic_quota"):
                 try:
-                    await self.dynamic.step(self.clock.now())
+                    await self.dynamic.tick(self.clock.now())
                 except Exception:
                     log.exception("dynamic quota step failed")
                 self._wake.set()
+            await asyncio.sleep(self.config.dynamic_quota.check_s)
 
     async def _watch_loop(self, prefix: str) -> None:
         while True:

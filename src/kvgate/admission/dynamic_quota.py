@@ -1,13 +1,17 @@
 """The dynamic total quota loop: one leader measures, decides and publishes; others follow.
 
-Each period (``interval_s``) the replica holding the leader lease in the store
+``tick(now)`` runs every ``check_s`` (the gateway's loop, or the simulator in virtual
+time). Once a period (``interval_s``) the replica holding the leader lease in the store
 (``/kvgate/global/quota/leader``) observes KV use against measured capacity and the
 watched class's admission → first-token latency against its target, applies
-``QuotaRule`` (quota_rule.py), bounds the result by the floor (guarantees, one mean
-request, ``min_total``) and the ceiling (the absolute hard cap), and publishes the total
-at ``/kvgate/global/quota/total``. Other replicas only read that key (they also watch
-it). An optional forecast (``forecast(t)`` → runtime tokens needed at time t, or None)
-pre-scales: the total is raised to it ahead of time (flag ``forecast``).
+``QuotaRule`` (quota_rule.py) and publishes the total at ``/kvgate/global/quota/total``;
+other replicas only read that key (they also watch it). Between period steps each tick
+is a check: a *breach* (latency far over target since the last check) cuts the total at
+once, and a raise is applied in parts (*ramp*) over the settle window so its admission
+burst is spread. Bounds: the floor (guarantees, one mean request, ``min_total``) and the
+ceiling (the absolute hard cap; the tighten watermark of measured KV capacity ×
+overcommit). An optional forecast (``forecast(t)`` → runtime tokens needed at time t,
+or None) pre-scales: the total is raised to it ahead of time (flag ``forecast``).
 """
 
 from __future__ import annotations
@@ -59,11 +63,99 @@ class DynamicQuota:
             max_step=dq.max_step,
             precision=dq.precision,
             memory=dq.memory_periods,
+            decrease=dq.breach_decrease,
         )
         self.last: QuotaStep | None = None
         self.history: list[QuotaStep] = []
         self._since = float("-inf")
+        self._checked = float("-inf")
+        self._next_period: float | None = None
+        self._ramp: tuple[int, int] | None = None  # (target, increment per check)
         self._refused_seen = 0
+
+    async def tick(self, now: float) -> QuotaStep | None:
+        """Called every ``check_s``: a full step once a period has passed, else a breach
+        check (which only ever cuts). The first tick starts the first period."""
+        interval = self.core.config.dynamic_quota.interval_s
+        if self._next_period is None:
+            self._next_period = now + interval
+            self._since = self._checked = now
+            return await self.check(now)
+        if now >= self._next_period - 1e-9:
+            self._next_period = now + interval
+            return await self.step(now)
+        return await self.check(now)
+
+    async def check(self, now: float) -> QuotaStep | None:
+        """Between period steps: cut at once when the watched class's first tokens since
+        the last check are far over target (a period is too long to wait while an engine
+        queue builds), else continue a raise in progress."""
+        dq = self.core.config.dynamic_quota
+        since, self._checked = max(self._checked, self._since), now
+        ttft, n = self.core.first_tokens.quantile(
+            dq.ttft_class,
+            dq.ttft_percentile,
+            since,
+            now=now,
+            pending=self.core.ledger.waiting_first_token(dq.ttft_class),
+        )
+        ratio = None
+        if ttft is not None and n >= max(1, dq.min_samples // 2):
+            ratio = ttft / (dq.ttft_target_fraction * dq.ttft_slo_s)
+        breach = ratio is not None and ratio > dq.breach_ratio
+        capacity = self.capacity() if self.capacity is not None else None
+        _, ceiling = self._bounds(capacity)
+        over = ceiling is not None and self.core.total > ceiling
+        if not breach and self._ramp is None and not over:
+            return None
+        try:
+            if not await self._lead():
+                self._ramp = None
+                return None
+        except (StoreUnavailable, ConnectionError, OSError) as exc:
+            self.core.link.mark(False, exc)
+        previous = self.core.total
+        if breach:
+            assert ratio is not None
+            self._ramp = None
+            total, direction = self.rule.breach(previous, ratio).total, "breach"
+            # what was admitted under the old total is not the new total's to answer for
+            self._since = now
+        elif self._ramp is None:
+            total, direction = self.core.total, "tighten"  # above the ceiling: clamp
+        else:
+            target, increment = self._ramp
+            total, direction = min(target, previous + increment), "ramp"
+            if total >= target:
+                self._ramp = None
+        capacity = self.capacity() if self.capacity is not None else None
+        floor, ceiling = self._bounds(capacity)
+        total = max(floor, total if ceiling is None else min(total, ceiling))
+        if total == previous:
+            return None
+        self.core.book.set_total(total)
+        self.core.metrics.dynamic_adjustments.labels(direction).inc()
+        watermark = self.core.ledger.watermark()
+        await self._publish(watermark)
+        step = QuotaStep(
+            now,
+            previous,
+            total,
+            direction,
+            watermark,
+            capacity,
+            ratio,
+            ttft,
+            self.core.ledger.reserved_total,
+        )
+        return self._record(step)
+
+    async def _publish(self, watermark: int) -> None:
+        try:
+            await self.store.put(TOTAL_QUOTA, str(self.core.total))
+            await self.store.put(WATERMARK, str(watermark))
+        except (StoreUnavailable, ConnectionError, OSError) as exc:
+            self.core.link.mark(False, exc)
 
     async def _lead(self) -> bool:
         """Hold (or take over an expired) leader lease; False while another replica holds it."""
@@ -96,13 +188,22 @@ class DynamicQuota:
         kv_ratio = kv / capacity if capacity else None
         return Observation(self.core.total, kv_ratio, ttft_ratio, demand), ttft
 
-    def _bounds(self) -> tuple[int, int | None]:
+    def _bounds(self, capacity: int | None = None) -> tuple[int, int | None]:
+        """Floor: guarantees, one mean request, ``min_total``. Ceiling: the absolute hard
+        cap and, with measured KV capacity, the tighten watermark of it (× overcommit):
+        reservations never undercount, so a total above that admits work the engines
+        cannot hold at once — it only fills their queues."""
         cfg = self.core.config
         fixed = sum(q.guaranteed for q in self.core.book.quotas.values() if q.fraction is None)
         floor = max(cfg.dynamic_quota.min_total, fixed, int(self.core.ledger.mean_request_tokens()))
-        return floor, cfg.absolute_hard_cap
+        ceiling = cfg.absolute_hard_cap
+        if capacity:
+            kv_cap = round(cfg.dynamic_quota.tighten_above * capacity * cfg.overcommit)
+            ceiling = kv_cap if ceiling is None else min(ceiling, kv_cap)
+        return floor, None if ceiling is None else max(floor, ceiling)
 
     async def step(self, now: float) -> QuotaStep:
+        dq = self.core.config.dynamic_quota
         previous = self.core.total
         watermark = self.core.ledger.watermark()
         capacity = self.capacity() if self.capacity is not None else None
@@ -124,16 +225,21 @@ class DynamicQuota:
             wanted = self.forecast(now + self.core.config.dynamic_quota.interval_s)
             if wanted is not None and wanted > total:
                 total, direction = int(wanted), "forecast"
-        floor, ceiling = self._bounds()
+        floor, ceiling = self._bounds(capacity)
         total = max(floor, total if ceiling is None else min(total, ceiling))
+        self._ramp = None
+        if direction == "relax" and total > previous:
+            # a raise admits (total - previous) of waiting work at once: a prefill burst
+            # the engines answer slowly. Spread it over the checks of the settle window.
+            checks = max(1, round(dq.settle_fraction * dq.interval_s / dq.check_s))
+            increment = -(-(total - previous) // checks)
+            if checks > 1:
+                self._ramp = (total, increment)
+                total = previous + increment
         if total != previous:
             self.core.book.set_total(total)
             self.core.metrics.dynamic_adjustments.labels(direction).inc()
-        try:
-            await self.store.put(TOTAL_QUOTA, str(self.core.total))
-            await self.store.put(WATERMARK, str(watermark))
-        except (StoreUnavailable, ConnectionError, OSError) as exc:
-            self.core.link.mark(False, exc)
+        await self._publish(watermark)
         step = QuotaStep(
             now,
             previous,

@@ -1,23 +1,25 @@
-"""The dynamic-quota rule: bracket the right total between "fine" and "too much", bisect.
+"""The dynamic-quota rule: estimate the total from the headroom, bracket, hold near the limit.
 
-Each period yields one observation of the current total: *too much* when the watched
-class's admission → first-token percentile is over its target (``ttft_ratio`` > 1) or
-KV use is above the tighten watermark (80%); *fine* when neither holds while work was
-queued or refused (the total was what limited it). The rule keeps the highest fine total
-and the lowest too-much total it has seen (each forgotten after ``memory`` periods, or at
-once when a newer observation contradicts it: capacity moved) and moves:
+Each period yields one observation of the current total and its pressure ``p``: the
+worse of the watched class's admission → first-token percentile over its target
+(``ttft_ratio``) and KV use over the tighten watermark (80%). *Too much* when ``p`` > 1;
+*fine* otherwise while work was queued or refused (the total was what limited it). The
+rule keeps the highest fine and the lowest too-much total (each forgotten after
+``memory`` periods, or at once when a newer observation contradicts it: capacity moved)
+and moves, taking latency and KV as proportional to the total below the knee:
 
-* too much, nothing fine known: down by the measured excess (1 / ttft_ratio, or the KV
-  middle / KV use), at least ×1/``max_step``, at most ×0.85;
-* fine, nothing too-much known: up toward the middle of the watermarks (50%–80% KV)
-  by KV use, at least ×1.1 and at most ×``max_step`` (at most ×``precision``² when it
-  was fine here before: a careful probe once an old too-much mark was forgotten);
-* both known: to their geometric mean (bisection) until they are within
-  ``precision`` of each other, then it holds at the fine one;
-* no unmet demand and nothing too much: hold (the total is not what limits anyone).
+* too much: × the measured excess (1 / excess, at least ×1/``max_step``, at most
+  ×0.85), not below the geometric mean with a known fine total (above the knee latency
+  is a cliff and the excess says little);
+* fine within ``precision`` of the limit (``p`` > 1/precision): hold (hysteresis);
+* fine: toward the middle of that hold band (× 0.955/``p``; KV: toward the middle of
+  the 50–80% watermarks), at most ×``max_step``, and with a too-much total known at most
+  to the geometric mean of the two; once the two are within ``precision``, hold at the
+  fine one; after a too-much mark was forgotten, at most ×``precision`` a period;
+* no unmet demand and nothing too much: hold.
 
-Multiplicative decrease and bounded increase, like AIMD, but the brackets make each
-step halve the remaining range instead of walking it in fixed 10% steps.
+``breach`` is the multiplicative decrease a check inside the period applies at once
+when latency is far over target (dynamic_quota.py).
 """
 
 from __future__ import annotations
@@ -50,7 +52,9 @@ class QuotaRule:
         max_step: float,
         precision: float = 1.1,
         memory: int = 6,
+        decrease: float = 0.7,
     ) -> None:
+        self.decrease = decrease
         self.tighten_above = tighten_above
         self.kv_middle = (tighten_above + relax_below) / 2
         self.max_step = max_step
@@ -59,6 +63,7 @@ class QuotaRule:
         self.fine: tuple[int, int] | None = None  # (total, period seen)
         self.too_much: tuple[int, int] | None = None
         self._period = 0
+        self.forgot_high = False
 
     def pressure(self, obs: Observation) -> float | None:
         signals = [obs.ttft_ratio] if obs.ttft_ratio is not None else []
@@ -71,6 +76,29 @@ class QuotaRule:
             mark = getattr(self, name)
             if mark is not None and self._period - mark[1] >= self.memory:
                 setattr(self, name, None)
+                self.forgot_high = self.forgot_high or name == "too_much"
+
+    def breach(self, total: int, ttft_ratio: float) -> Move:
+        """A check inside the period saw latency far over target: cut at once.
+
+        Multiplicative decrease by ``decrease`` (not by the measured excess: above the
+        knee latency is a cliff, and right after a change it is inflated by the burst of
+        admissions), never below the last total seen fine. The total is marked too much;
+        a remembered fine total at or above it is dropped (capacity shrank)."""
+        self.too_much, self.forgot_high = (total, self._period), False
+        if self.fine is not None and self.fine[0] >= total:
+            self.fine = None
+        cut = max(1, int(total * self.decrease))
+        if self.fine is not None:
+            cut = max(self.fine[0], cut)
+        return Move(cut, "breach", ttft_ratio)
+
+    def _excess(self, obs: Observation) -> float:
+        """How far over the limit the worse signal is (> 1), from latency and KV."""
+        excess = obs.ttft_ratio if obs.ttft_ratio is not None else 1.0
+        if obs.kv_ratio is not None:
+            excess = max(excess, obs.kv_ratio / self.kv_middle)
+        return excess
 
     def next_total(self, obs: Observation) -> Move:
         self._period += 1
@@ -78,31 +106,35 @@ class QuotaRule:
         p = self.pressure(obs)
         t = obs.total
         if p is not None and p > 1.0:
-            self.too_much = (t, self._period)
+            self.too_much, self.forgot_high = (t, self._period), False
             if self.fine is not None and self.fine[0] >= t:
                 self.fine = None  # capacity shrank: what was fine is not any more
-            if self.fine is not None:
-                return Move(int(math.sqrt(self.fine[0] * t)), "tighten", p)
-            factor = 1.0 / obs.ttft_ratio if obs.ttft_ratio and obs.ttft_ratio > 1 else 1.0
-            if obs.kv_ratio is not None and obs.kv_ratio > self.tighten_above:
-                factor = min(factor, self.kv_middle / obs.kv_ratio)
-            factor = max(1.0 / self.max_step, min(0.85, factor))
-            return Move(max(1, int(t * factor)), "tighten", p)
+            # the estimate: latency and KV in proportion to the total (true below the knee)
+            factor = max(1.0 / self.max_step, min(0.85, 1.0 / self._excess(obs)))
+            estimate = int(t * factor)
+            if self.fine is not None:  # a cliff can make the estimate far too low
+                estimate = max(estimate, int(math.sqrt(self.fine[0] * t)))
+            return Move(max(1, estimate), "tighten", p)
         if not obs.demand:
             return Move(t, "hold", p)
-        probing = self.fine is not None  # it was here before: climb carefully
         self.fine = (t, self._period) if self.fine is None or t >= self.fine[0] else self.fine
         if self.too_much is not None and self.too_much[0] <= t:
             self.too_much = None  # capacity grew: what was too much is not any more
+        # within ``precision`` of the limit: hold (hysteresis). Else aim at the middle of
+        # that band, taking latency and KV in proportion to the total below the knee.
+        if p is not None and p * self.precision > 1.0:
+            return Move(t, "hold", p)
+        room = (1.0 + 1.0 / self.precision) / 2 / p if p else self.max_step
         if self.too_much is not None:
             high = self.too_much[0]
             if high <= self.fine[0] * self.precision:
                 return Move(self.fine[0] if t != self.fine[0] else t, "hold", p)
-            return Move(int(math.sqrt(self.fine[0] * high)), "relax", p)
+            target = min(int(math.sqrt(self.fine[0] * high)), int(t * room))
+            return Move(max(t, target), "relax", p)
         factor = 2.0
         if obs.kv_ratio is not None and obs.kv_ratio > 0:
             factor = self.kv_middle / obs.kv_ratio
-        factor = min(self.max_step, max(1.1, factor))
-        if probing:
-            factor = min(factor, self.precision**2)
+        factor = min(self.max_step, room, max(1.1, factor))
+        if self.forgot_high:  # a too-much mark was forgotten: probe it again step by step
+            factor = min(factor, self.precision)
         return Move(int(t * factor), "relax", p)

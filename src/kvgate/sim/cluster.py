@@ -227,7 +227,7 @@ class ClusterSim:
         if not self.flags["dynamic_quota"]:
             return
         before = self.admission.total
-        run_now(self.dynamic_quota.step(now))
+        run_now(self.dynamic_quota.tick(now))
         if self.admission.total != before:
             self._quota_steps += 1
         for item in run_now(self.admission.drain(now)):
@@ -579,8 +579,8 @@ class ClusterSim:
         self._push(self.config.sample_interval_s, _SAMPLE)
         quota_interval = 0.0
         if self.admission is not None:
-            quota_interval = self.admission.config.dynamic_quota.interval_s
-            self._push(quota_interval, _QUOTA)
+            quota_interval = self.admission.config.dynamic_quota.check_s
+            self._push(0.0, _QUOTA)  # the first tick starts the first period
         total = len(items)
         heap = self._heap
         while heap and self._resolved < total:

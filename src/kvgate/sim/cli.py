@@ -39,7 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="requests to generate (default: the workload's own count, docs/workloads.md)",
     )
-    parser.add_argument("--rate", type=float, default=None, help="arrivals per second (default: the workload's own)")
+    parser.add_argument(
+        "--rate", type=float, default=None, help="arrivals per second (default: the workload's own)"
+    )
     parser.add_argument(
         "--load",
         choices=LOADS,
@@ -82,7 +84,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="CLASS=SECONDS TTFT SLO for goodput (default interactive=1,batch=30), repeatable",
     )
     parser.add_argument(
-        "--event", action="append", default=[], help="cluster event KIND:TIME:NODE, KIND one of join, fail, flush; repeatable"
+        "--event",
+        action="append",
+        default=[],
+        help="cluster event KIND:TIME:NODE, KIND one of join, fail, flush; repeatable",
     )
     parser.add_argument(
         "--flag",

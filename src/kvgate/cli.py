@@ -26,6 +26,19 @@ quick start:
 
 docs: README.md, docs/configuration.md, docs/operations.md"""
 
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" only where it informs: not for unset (None), on/off switches,
+    empty lists, or help text that already states its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if "default" in text or default is None or isinstance(default, bool) or default in ([], ""):
+            return text
+        return super()._get_help_string(action)
+
+
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("kvgate.gateway.cli", "run the gateway (OpenAI-compatible proxy)"),
     "engine-sim": ("kvgate.engine.cli", "run simulated OpenAI-compatible engines"),
@@ -53,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
             name,
             help=help_text,
             description=help_text,
-            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+            formatter_class=HelpFormatter,
         )
         try:
             module = importlib.import_module(module_name)

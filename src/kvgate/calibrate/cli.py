@@ -108,7 +108,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--store", default=None, help="also write the profile to this store (etcd://…, redis://…)"
     )
     p.add_argument("--steps-json", default=None, help="write every step's measurements as JSON")
-    p.add_argument("--seed", type=int, default=0, help="prompt/output-length RNG seed")
+    p.add_argument("--seed", type=int, default=0, help="prompt/output-length RNG seed (default 0)")
 
 
 def _check(args: argparse.Namespace) -> str | None:

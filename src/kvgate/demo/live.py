@@ -80,7 +80,9 @@ def _header(label: str, elapsed: float, duration: float, progress: BenchProgress
     line.append(f"  {elapsed:5.1f} / {duration:.0f} s   sent {progress.issued}/{progress.total}")
     line.append(f"   completed {progress.done}")
     done = min(elapsed / duration, 1.0) if duration else 1.0
-    return Group(line, ProgressBar(total=1.0, completed=done, width=WIDTH - 20))
+    # A ProgressBar ends without a newline; the empty Text ends its line so the next
+    # renderable (the gateway line) starts on its own.
+    return Group(line, ProgressBar(total=1.0, completed=done, width=WIDTH - 20), Text())
 
 
 async def watch(

@@ -22,24 +22,46 @@ log = logging.getLogger("kvgate.engine")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address")
     parser.add_argument("--port", type=int, default=8000, help="port of a single engine")
-    parser.add_argument("--count", type=int, default=1, help="engines to host (default 1)")
+    parser.add_argument("--count", type=int, default=1, help="engines to host in this process")
     parser.add_argument(
         "--base-port",
         type=int,
         default=None,
         help="first port with --count; engine i listens on base+i (0: free ports)",
     )
-    parser.add_argument("--profile", default="gemma3-270m-cpu", choices=sorted(PROFILES))
+    parser.add_argument(
+        "--profile",
+        default="gemma3-270m-cpu",
+        choices=sorted(PROFILES),
+        help="engine timing and KV model (docs/engine-model.md)",
+    )
     parser.add_argument(
         "--time-scale", type=float, default=1.0, help="simulated time runs X times faster"
     )
     parser.add_argument("--model", default=None, help="served model name (default: profile's)")
-    parser.add_argument("--kv-blocks", type=int, default=None, help="KV cache blocks (16 tokens)")
-    parser.add_argument("--max-num-seqs", type=int, default=None)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
-    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument(
+        "--kv-blocks",
+        type=int,
+        default=None,
+        help="KV cache blocks of 16 tokens (default: profile's)",
+    )
+    parser.add_argument(
+        "--max-num-seqs", type=int, default=None, help="running sequences cap (default: profile's)"
+    )
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="tokens per scheduler step (default: profile's)",
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="longest prompt + output (default: profile's)",
+    )
     parser.add_argument(
         "--port-file", default=None, help="write the bound ports here, one a line, when ready"
     )
@@ -67,7 +89,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="vLLM's NONE_HASH seed (its PYTHONHASHSEED; default: $PYTHONHASHSEED or 0)",
     )
     parser.add_argument(
-        "--hash-algo", default="sha256_cbor", choices=("sha256_cbor", "xxhash_cbor")
+        "--hash-algo",
+        default="sha256_cbor",
+        choices=("sha256_cbor", "xxhash_cbor"),
+        help="block hash of --tokenizer keys (vLLM's --prefix-caching-hash-algo)",
     )
 
 

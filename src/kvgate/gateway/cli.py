@@ -8,7 +8,11 @@ import logging
 import sys
 from typing import Any
 
+from kvgate.adapters import ENGINE_TYPES
 from kvgate.flags import FLAG_NAMES
+from kvgate.routing.policies import policy_names
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,10 +29,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--engine-type",
         default=None,
-        help="engine type of --backend nodes: vllm|sglang|tgi|llamacpp|sim",
+        choices=ENGINE_TYPES,
+        help="engine type of --backend nodes (default: from the config, else vllm)",
     )
     parser.add_argument("--model", default=None, help="model of --backend nodes (else discovered)")
-    parser.add_argument("--policy", help="routing policy (default hybrid)")
+    parser.add_argument(
+        "--policy",
+        help="routing policy (default: the config's, else hybrid): "
+        + ", ".join(sorted(policy_names())),
+    )
     parser.add_argument("--store", help="memory:// | redis://h:p | etcd://h:p | redis://…,etcd://…")
     parser.add_argument("--admin-token", help="token for /admin and /dashboard")
     parser.add_argument("--gateway-id", help="this replica's id (default host:port)")
@@ -38,10 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME=on|off",
-        help="override a flag; repeatable",
+        help="turn one strategy on or off; repeatable; NAME one of "
+        + ", ".join(sorted(FLAG_NAMES)),
     )
     parser.add_argument("--port-file", help="write the bound port here once listening")
-    parser.add_argument("--log-level", default="info", help="debug|info|warning|error")
+    parser.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="log verbosity")
 
 
 def config_from_args(args: argparse.Namespace) -> dict[str, Any]:

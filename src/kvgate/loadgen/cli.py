@@ -25,13 +25,18 @@ from kvgate.workloads import WORKLOAD_NAMES, Workload, generate_workload
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, help="base URL, e.g. http://127.0.0.1:8000")
-    parser.add_argument("--workload", required=True, choices=WORKLOAD_NAMES)
+    parser.add_argument(
+        "--workload",
+        required=True,
+        choices=WORKLOAD_NAMES,
+        help="generated request stream (docs/workloads.md)",
+    )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--rate", type=float, default=None, help="open loop at R requests/s")
     mode.add_argument("--concurrency", type=int, default=None, help="closed loop, C in flight")
     parser.add_argument("--duration", type=float, default=None, help="stop issuing after S s")
     parser.add_argument("--requests", type=int, default=None, help="issue at most N requests")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="workload RNG seed")
     parser.add_argument(
         "--param",
         action="append",

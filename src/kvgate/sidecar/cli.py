@@ -16,6 +16,7 @@ from kvgate.sidecar.decision import SaturationPolicy
 from kvgate.sidecar.sidecar import Sidecar, SidecarConfig
 
 log = logging.getLogger("kvgate.sidecar")
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def _positive(text: str) -> float:
@@ -34,8 +35,15 @@ def _non_negative(text: str) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", required=True, metavar="URL", help="engine base URL")
-    parser.add_argument("--engine-type", required=True, choices=ENGINE_TYPES)
-    parser.add_argument("--node-id", required=True, metavar="ID")
+    parser.add_argument(
+        "--engine-type",
+        required=True,
+        choices=ENGINE_TYPES,
+        help="which metrics adapter reads the engine's /metrics",
+    )
+    parser.add_argument(
+        "--node-id", required=True, metavar="ID", help="this engine's node id in the store"
+    )
     parser.add_argument(
         "--store", required=True, metavar="URL", help="redis://… | etcd://… (see kvgate.store)"
     )
@@ -44,7 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--lease-ttl", type=_positive, default=None, metavar="S", help="default 3 × interval"
     )
     parser.add_argument("--model", default=None, help="default: the engine's /v1/models")
-    parser.add_argument("--pool", default="default", metavar="P")
+    parser.add_argument(
+        "--pool",
+        default="default",
+        metavar="P",
+        help="pool this node belongs to (degrade sends work to the economy pool)",
+    )
     parser.add_argument(
         "--advertise-url",
         default=None,
@@ -52,18 +65,61 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="URL the gateway uses (default --engine)",
     )
     parser.add_argument("--window", type=_positive, default=15.0, help="smoothing window, s")
-    parser.add_argument("--drain-timeout", type=_non_negative, default=60.0, metavar="S")
-    parser.add_argument("--scrape-timeout", type=_positive, default=2.0, metavar="S")
+    parser.add_argument(
+        "--drain-timeout",
+        type=_non_negative,
+        default=60.0,
+        metavar="S",
+        help="on SIGTERM: seconds to wait for in-flight requests while quiescing",
+    )
+    parser.add_argument(
+        "--scrape-timeout",
+        type=_positive,
+        default=2.0,
+        metavar="S",
+        help="seconds before one /metrics scrape counts as failed",
+    )
     parser.add_argument("--metrics-port", type=int, default=None, help="serve /metrics here")
-    parser.add_argument("--metrics-host", default="127.0.0.1")
+    parser.add_argument("--metrics-host", default="127.0.0.1", help="bind address of /metrics")
     sat = parser.add_argument_group("saturation (backoff) thresholds")
-    sat.add_argument("--waiting-high", type=_non_negative, default=8.0)
-    sat.add_argument("--waiting-low", type=_non_negative, default=2.0)
-    sat.add_argument("--kv-high", type=_non_negative, default=0.95)
-    sat.add_argument("--kv-low", type=_non_negative, default=0.85)
-    sat.add_argument("--preemptions-high", type=_non_negative, default=1.0)
-    sat.add_argument("--recover-hold", type=_non_negative, default=None, metavar="S")
-    parser.add_argument("--log-level", default="info")
+    sat.add_argument(
+        "--waiting-high",
+        type=_non_negative,
+        default=8.0,
+        help="waiting requests at or above which the node enters backoff",
+    )
+    sat.add_argument(
+        "--waiting-low",
+        type=_non_negative,
+        default=2.0,
+        help="waiting requests at or below which it may recover",
+    )
+    sat.add_argument(
+        "--kv-high",
+        type=_non_negative,
+        default=0.95,
+        help="KV cache usage (0..1) at or above which the node enters backoff",
+    )
+    sat.add_argument(
+        "--kv-low",
+        type=_non_negative,
+        default=0.85,
+        help="KV cache usage at or below which it may recover",
+    )
+    sat.add_argument(
+        "--preemptions-high",
+        type=_non_negative,
+        default=1.0,
+        help="preemptions within one scrape at or above which the node enters backoff",
+    )
+    sat.add_argument(
+        "--recover-hold",
+        type=_non_negative,
+        default=None,
+        metavar="S",
+        help="seconds below the low marks before leaving backoff (default 3 × interval)",
+    )
+    parser.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="log verbosity")
 
 
 def build_config(args: argparse.Namespace) -> SidecarConfig:

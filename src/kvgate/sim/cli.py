@@ -9,18 +9,39 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kvgate.engine.profiles import PROFILES
+from kvgate.flags import FLAG_NAMES
+from kvgate.routing.policies import policy_names
 from kvgate.sim.cluster import SimConfig, SimResult, run_comparison
 from kvgate.sim.events import parse_event
+from kvgate.sim.reference_policies import OraclePolicy, SmgApproxPolicy
 from kvgate.workloads import WORKLOAD_NAMES
 from kvgate.workloads.catalog import LOADS, generate_at_load
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workload", default="shared-prefix", choices=WORKLOAD_NAMES)
-    parser.add_argument("--nodes", type=int, default=8)
-    parser.add_argument("--policies", default="round_robin,hybrid", help="comma-separated")
-    parser.add_argument("--requests", type=int, default=None)
-    parser.add_argument("--rate", type=float, default=None, help="arrivals per second")
+    parser.add_argument(
+        "--workload",
+        default="shared-prefix",
+        choices=WORKLOAD_NAMES,
+        help="generated request stream (docs/workloads.md)",
+    )
+    parser.add_argument("--nodes", type=int, default=8, help="simulated engines")
+    parser.add_argument(
+        "--policies",
+        default="round_robin,hybrid",
+        help="comma-separated routing policies, each run on the same stream; one of "
+        + ", ".join(sorted(policy_names() | {OraclePolicy.name, SmgApproxPolicy.name})),
+    )
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help="requests to generate (default: the workload's own count, docs/workloads.md)",
+    )
+    parser.add_argument(
+        "--rate", type=float, default=None, help="arrivals per second (default: the workload's own)"
+    )
     parser.add_argument(
         "--load",
         choices=LOADS,
@@ -29,11 +50,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "capacity; rate and request count from workloads/catalog.py HIGH_LOAD); "
         "--requests/--rate still override",
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--profile", default="llama3-8b-h100")
-    parser.add_argument("--kv-blocks", type=int, default=None, help="KV blocks per node")
-    parser.add_argument("--admission", choices=("on", "off"), default="off")
-    parser.add_argument("--total-quota", type=int, default=None, help="runtime tokens")
+    parser.add_argument("--seed", type=int, default=0, help="workload and simulator RNG seed")
+    parser.add_argument(
+        "--profile",
+        default="llama3-8b-h100",
+        help="engine profile of every node: " + ", ".join(sorted(PROFILES)),
+    )
+    parser.add_argument(
+        "--kv-blocks",
+        type=int,
+        default=None,
+        help="KV blocks per node (default: the profile's or the workload's hint)",
+    )
+    parser.add_argument(
+        "--admission",
+        choices=("on", "off"),
+        default="off",
+        help="global admission control (tenants from the workload; batch degrades to low priority)",
+    )
+    parser.add_argument(
+        "--total-quota",
+        type=int,
+        default=None,
+        help="cluster quota in runtime tokens (default: the cluster's KV capacity)",
+    )
     parser.add_argument(
         "--ttft-slo", type=float, default=2.0, help="seconds; goodput SLO of unnamed classes"
     )
@@ -44,10 +84,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="CLASS=SECONDS TTFT SLO for goodput (default interactive=1,batch=30), repeatable",
     )
     parser.add_argument(
-        "--event", action="append", default=[], help="KIND:TIME:NODE (join|fail|flush)"
+        "--event",
+        action="append",
+        default=[],
+        help="cluster event KIND:TIME:NODE, KIND one of join, fail, flush; repeatable",
     )
     parser.add_argument(
-        "--flag", action="append", default=[], help="NAME=on|off (kvgate.flags), repeatable"
+        "--flag",
+        action="append",
+        default=[],
+        help="NAME=on|off, repeatable; NAME one of " + ", ".join(sorted(FLAG_NAMES)),
     )
     parser.add_argument(
         "--kv-event-delay",

@@ -6,11 +6,13 @@ import argparse
 import json
 import os
 import sys
+from typing import Any
 
-from rich.console import Console
+from rich.console import Console, RenderableType
+from rich.measure import Measurement
 
 from kvgate.status.client import SummaryError, fetch_summary
-from kvgate.status.view import summary_view
+from kvgate.status.view import nodes_table, summary_view
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,5 +41,13 @@ def run(args: argparse.Namespace) -> int:
         json.dump(summary, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
         return 0
-    Console().print(summary_view(summary))
+    console = Console()
+    console.print(status_view(summary, console))
     return 0
+
+
+def status_view(summary: dict[str, Any], console: Console) -> RenderableType:
+    """All node columns when they fit the terminal, else the 80-column subset."""
+    unbounded = console.options.update_width(10_000)
+    wide = Measurement.get(console, unbounded, nodes_table(summary))
+    return summary_view(summary, narrow=wide.maximum > console.width)

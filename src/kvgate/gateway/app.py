@@ -219,6 +219,8 @@ class Gateway:
         if self.node_registry:
             await self.node_registry.stop()
         await self.admission.stop()
+        if self.proxy:
+            self.proxy.close()
         if self.session:
             await self.session.close()
         if self._owns_store:

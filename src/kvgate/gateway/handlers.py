@@ -23,7 +23,7 @@ from kvgate.gateway.logs import request_log
 from kvgate.gateway.proxy import Call
 from kvgate.prompts import PromptError
 from kvgate.routing import build_route_request
-from kvgate.types import AdmissionKind, AdmissionRequest, AdmissionResult
+from kvgate.types import AdmissionKind, AdmissionRequest, AdmissionResult, RouteRequest
 
 TENANT_HEADER = "X-KVGate-Tenant"
 PRIORITY_HEADER = "X-KVGate-Priority"
@@ -245,14 +245,7 @@ async def generate(request: web.Request, endpoint: str) -> web.StreamResponse:
         await gateway.admission.progress(result, generated)
 
     call.on_progress = progress
-    economy = gateway.config.admission.degrade.economy_pool
-    if gateway.has_pool(DEFAULT_POOL) and gateway.has_pool(economy):
-        route.pool = DEFAULT_POOL  # economy nodes take degraded work only
-    if result.kind is AdmissionKind.DEGRADE:
-        if result.degrade_to == "economy_pool":
-            route.pool = economy
-        elif result.degrade_to == "low_priority":
-            route.priority = min(route.priority, tenant.priority_min)
+    place(gateway, route, result, tenant.priority_min)
     if wants_async or result.degrade_to == "async":
         return start_async_job(gateway, call, result, tenant.name)
 
@@ -263,6 +256,20 @@ async def generate(request: web.Request, endpoint: str) -> web.StreamResponse:
         await gateway.admission.release(result)
         _log_call(entry, call)
     return response
+
+
+def place(
+    gateway: Gateway, route: RouteRequest, result: AdmissionResult, priority_min: int
+) -> None:
+    """Node pool and priority of an admitted request (the degrade path's placement)."""
+    economy = gateway.config.admission.degrade.economy_pool
+    if gateway.has_pool(DEFAULT_POOL) and gateway.has_pool(economy):
+        route.pool = DEFAULT_POOL  # economy nodes take degraded work only
+    if result.kind is AdmissionKind.DEGRADE:
+        if result.degrade_to == "economy_pool":
+            route.pool = economy
+        elif result.degrade_to == "low_priority":
+            route.priority = min(route.priority, priority_min)
 
 
 def _log_call(entry: Any, call: Call) -> None:

@@ -37,9 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.fixtures.engines import EngineProcess, start_engine_process
-from tests.fixtures.gateway import GatewayProcess, start_gateway_process
-
 from kvgate.tokens import synthetic_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -221,6 +218,62 @@ def run_async(coro: Any) -> Any:
     return uvloop.run(coro)
 
 
+# -- processes --------------------------------------------------------------------------
+@dataclass
+class Proc:
+    proc: subprocess.Popen[bytes]
+    url: str
+    tmp: tempfile.TemporaryDirectory[str]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.tmp.cleanup()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def spawn(args: list[str], *, health: bool = True, timeout: float = 40.0) -> Proc:
+    """Run ``args`` + ``--port-file F``; wait for the port (and /health)."""
+    tmp = tempfile.TemporaryDirectory(prefix="kvgate-bench-")
+    port_file = Path(tmp.name) / "port"
+    log = open(Path(tmp.name) / "log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen([*args, "--port-file", str(port_file)], stdout=log, stderr=log)
+    deadline = time.monotonic() + timeout
+    while True:
+        text = port_file.read_text().split() if port_file.exists() else []
+        if text:
+            url = f"http://127.0.0.1:{text[0]}"
+            if not health or _healthy(url):
+                return Proc(proc, url, tmp)
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"{args[:4]} did not start: {(Path(tmp.name) / 'log').read_text()}")
+        time.sleep(0.05)
+
+
+def start_engine(args: argparse.Namespace) -> Proc:
+    cmd = [sys.executable, "-m", "kvgate", "engine-sim", "--count", "1", "--base-port", "0"]
+    cmd += ["--profile", args.engine_profile, "--time-scale", str(args.engine_time_scale)]
+    cmd += ["--kv-blocks", str(args.kv_blocks), "--model", "sim"]
+    return spawn(cmd)
+
+
 # -- targets ----------------------------------------------------------------------------
 @dataclass
 class Target:
@@ -231,39 +284,22 @@ class Target:
 
 
 def start_bare(engines: list[str]) -> Target:
-    tmp = tempfile.TemporaryDirectory(prefix="kvgate-bare-")
-    port_file = Path(tmp.name) / "port"
-    log = open(Path(tmp.name) / "log", "wb")  # noqa: SIM115
-    cmd = [sys.executable, str(ROOT / "bench" / "bare_proxy.py"), "--port-file", str(port_file)]
+    cmd = [sys.executable, str(ROOT / "bench" / "bare_proxy.py")]
     for e in engines:
         cmd += ["--backend", e]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 20
-    while not (port_file.exists() and port_file.read_text().strip()):
-        if time.monotonic() > deadline or proc.poll() is not None:
-            raise RuntimeError("bare proxy did not start")
-        time.sleep(0.05)
-
-    def stop() -> None:
-        proc.terminate()
-        proc.wait(timeout=10)
-        log.close()
-        tmp.cleanup()
-
-    return Target(
-        "bare-aiohttp", f"http://127.0.0.1:{port_file.read_text().strip()}", proc.pid, stop
-    )
+    p = spawn(cmd, health=False)
+    return Target("bare-aiohttp", p.url, p.pid, p.stop)
 
 
-def start_kvgate(
-    engines: list[str], policy: str, workers: int, python_args: list[str]
-) -> tuple[Target, GatewayProcess]:
+def start_kvgate(engines: list[str], policy: str, workers: int, python_args: list[str]) -> Target:
     extra = ["--policy", policy, "--log-level", "warning", "--engine-type", "sim"]
-    if workers != 1:
-        extra += ["--workers", str(workers)]
-    gw = start_gateway_process(backends=engines, extra_args=extra, python_args=python_args)
-    name = f"kvgate-{policy}-w{workers}"
-    return Target(name, gw.url, gw.pid, gw.stop), gw
+    extra += ["--workers", str(workers)]
+    cmd = [sys.executable, *python_args, "-m", "kvgate", "serve", "--host", "127.0.0.1"]
+    cmd += ["--port", "0", *extra]
+    for e in engines:
+        cmd += ["--backend", e]
+    p = spawn(cmd)
+    return Target(f"kvgate-{policy}-w{workers}", p.url, p.pid, p.stop)
 
 
 def _engine_cache(engines: list[str]) -> tuple[float, float]:
@@ -282,7 +318,8 @@ def _engine_cache(engines: list[str]) -> tuple[float, float]:
 def add_long_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("long workload")
     g.add_argument("--engines", type=int, default=4)
-    g.add_argument("--engine-time-scale", type=float, default=20.0)
+    g.add_argument("--engine-profile", default="llama3-8b-h100")
+    g.add_argument("--engine-time-scale", type=float, default=1.0)
     g.add_argument("--kv-blocks", type=int, default=2048)
     g.add_argument("--system-prompts", type=int, default=6)
     g.add_argument("--prompt-tokens", type=int, default=2000)
@@ -319,16 +356,12 @@ def _phase_cpu(
 
 
 def run_long(args: argparse.Namespace) -> int:
-    engine_procs: list[EngineProcess] = []
+    engine_procs: list[Proc] = []
     targets: list[Target] = []
     results: dict[str, dict[str, Any]] = {}
     try:
         for _ in range(args.engines):
-            engine_procs.append(
-                start_engine_process(
-                    time_scale=args.engine_time_scale, kv_blocks=args.kv_blocks, model="sim"
-                )
-            )
+            engine_procs.append(start_engine(args))
         engines = [p.url for p in engine_procs]
         bodies = build_bodies(args, "sim")
         if "bare" in args.rows:
@@ -339,7 +372,7 @@ def run_long(args: argparse.Namespace) -> int:
             for w in args.workers:
                 profiling = args.profile and policy == "hybrid" and w == 1
                 py = ["-m", "cProfile", "-o", args.profile] if profiling else []
-                targets.append(start_kvgate(engines, policy, w, py)[0])
+                targets.append(start_kvgate(engines, policy, w, py))
         # Direct: the engine-sims are one process per engine; spread over them through
         # a client per engine, i.e. what a perfect zero-cost round-robin proxy would do.
         direct = DirectSpread(engines)

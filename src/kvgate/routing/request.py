@@ -15,7 +15,7 @@ from kvgate.prompts import (
 from kvgate.prompts import stable_prefix as chat_stable_prefix
 from kvgate.routing.config import RouteKeyConfig
 from kvgate.routing.route_key import kb_version_for, prefix_digest, route_key
-from kvgate.tokens import text_block_hashes
+from kvgate.tokens import text_block_hashes, text_block_hashes_with_head
 from kvgate.types import RouteRequest
 
 DEFAULT_MAX_TOKENS = 256
@@ -59,18 +59,24 @@ def build_route_request(
     model = _model(body)
     max_tokens = _max_tokens(body)
     stable: str | None
+    head_len = 0  # length of the shared head of the text (system + tools), hashed once
     if endpoint == "chat":
         messages = validate_messages(body.get("messages"))
         tools = body.get("tools")
         canonical_tools(tools)  # validates the field before rendering
         text = render_chat(messages, tools)
         stable = _chat_stable(messages, tools, config)
+        head = chat_stable_prefix(messages, tools)
+        head_len = len(head) if text.startswith(head) else 0
     elif endpoint == "completions":
         text = completion_prompt(body.get("prompt"))
         stable = None
     else:
         raise PromptError(f"unknown endpoint {endpoint!r}")
-    prompt_tokens, hashes = text_block_hashes(text)
+    if head_len:
+        prompt_tokens, hashes = text_block_hashes_with_head(text, head_len)
+    else:
+        prompt_tokens, hashes = text_block_hashes(text)
     if stable is None:
         # A raw completion prompt has no structured stable part: its first
         # COMPLETION_KEY_BLOCKS blocks stand in for it (one chained hash covers them all).

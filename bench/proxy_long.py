@@ -56,10 +56,10 @@ def _tree(pid: int) -> list[int]:
     return pids
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """utime + stime of a process and all its live descendants."""
+def tree_cpu_seconds(pid: int, *, children: bool = True) -> float:
+    """utime + stime of a process and (by default) all its live descendants."""
     total = 0
-    for p in _tree(pid):
+    for p in _tree(pid) if children else [pid]:
         try:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
@@ -342,11 +342,15 @@ def _phase_cpu(
 ) -> dict[str, Any]:
     h0, q0 = _engine_cache(engines)
     cpu0 = tree_cpu_seconds(t.pid) if t.pid else 0.0
+    own0 = tree_cpu_seconds(t.pid, children=False) if t.pid else 0.0
     s = run_async(_closed_loop(t.url, bodies, args.cpu_requests, args.cpu_concurrency))
     cpu = (tree_cpu_seconds(t.pid) - cpu0) if t.pid else 0.0
+    own = (tree_cpu_seconds(t.pid, children=False) - own0) if t.pid else 0.0
     h1, q1 = _engine_cache(engines)
     ok = s.sent - s.errors
     return {
+        # with workers: the decision owner's own share (admission, routing, IPC)
+        "main_process_cpu_us_per_request": round(own / max(ok, 1) * 1e6, 1) if t.pid else None,
         "cpu_us_per_request": round(cpu / max(ok, 1) * 1e6, 1) if t.pid else None,
         "closed_loop_rps": round(ok / s.wall, 1),
         "closed_loop_ttft_p50_ms": round(s.pct(0.5) * 1e3, 2),

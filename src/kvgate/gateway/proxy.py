@@ -168,7 +168,7 @@ class Proxy:
     ) -> web.StreamResponse:
         outcome = _Outcome()
         self.router.on_dispatch(call.route, decision)
-        self.metrics.dispatches.labels(decision.node_id, decision.reason).inc()
+        self.metrics.child(self.metrics.dispatches, decision.node_id, decision.reason).inc()
         try:
             base = self.node_url(decision.node_id)
             if base is None:
@@ -192,9 +192,9 @@ class Proxy:
         node = decision.node_id
         # predicted vs. actual cached tokens are counted by the router (hit feedback)
         if usage.prompt_tokens is not None:
-            self.metrics.prompt_tokens.labels(node).inc(usage.prompt_tokens)
+            self.metrics.child(self.metrics.prompt_tokens, node).inc(usage.prompt_tokens)
         if usage.completion_tokens is not None:
-            self.metrics.completion_tokens.labels(node).inc(usage.completion_tokens)
+            self.metrics.child(self.metrics.completion_tokens, node).inc(usage.completion_tokens)
 
     def response_headers(self, call: Call, decision: RouteDecision) -> dict[str, str]:
         return {
@@ -255,7 +255,9 @@ class Proxy:
         if call.usage is not None:
             outcome.cached_tokens = call.usage.cached_tokens
             outcome.output_tokens = call.usage.completion_tokens or 0
-        self.metrics.ttft.labels(call.endpoint).observe(time.perf_counter() - call.started)
+        self.metrics.child(self.metrics.ttft, call.endpoint).observe(
+            time.perf_counter() - call.started
+        )
         return self._answer(call, decision, head, payload)
 
     @staticmethod
@@ -316,7 +318,9 @@ class Proxy:
         client = web.StreamResponse(status=200, headers=headers)
         client.content_type = "text/event-stream"
         await client.prepare(request)
-        self.metrics.ttft.labels(call.endpoint).observe(time.perf_counter() - call.started)
+        self.metrics.child(self.metrics.ttft, call.endpoint).observe(
+            time.perf_counter() - call.started
+        )
         await client.write(first)  # the head and the first events leave together
         return client
 

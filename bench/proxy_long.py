@@ -330,9 +330,11 @@ def add_long_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--cpu-concurrency", type=int, default=24)
     g.add_argument("--rate", type=float, default=100.0, help="fixed rate for added TTFT")
     g.add_argument("--duration", type=float, default=5.0, help="seconds per open-loop run")
-    g.add_argument("--ramp", type=float, nargs="*", default=[100, 150, 200, 250, 300, 400])
+    g.add_argument("--ramp", type=float, nargs="*", default=[25, 50, 100, 150, 200, 300])
     g.add_argument("--p99-bound-ms", type=float, default=50.0)
-    g.add_argument("--workers", type=int, nargs="+", default=[1], help="kvgate worker counts")
+    g.add_argument(
+        "--workers", type=int, nargs="+", default=[1, 2], help="kvgate hybrid worker counts"
+    )
     g.add_argument("--rows", nargs="+", default=["bare", "round_robin", "hybrid"])
     g.add_argument("--profile", help="cProfile the kvgate hybrid (1 worker) gateway to FILE")
 
@@ -373,7 +375,7 @@ def run_long(args: argparse.Namespace) -> int:
         for policy in ("round_robin", "hybrid"):
             if policy not in args.rows:
                 continue
-            for w in args.workers:
+            for w in args.workers if policy == "hybrid" else [1]:
                 profiling = args.profile and policy == "hybrid" and w == 1
                 py = ["-m", "cProfile", "-o", args.profile] if profiling else []
                 targets.append(start_kvgate(engines, policy, w, py))

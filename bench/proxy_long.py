@@ -248,12 +248,18 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def spawn(args: list[str], *, health: bool = True, timeout: float = 40.0) -> Proc:
-    """Run ``args`` + ``--port-file F``; wait for the port (and /health)."""
+def spawn(
+    args: list[str], *, health: bool = True, timeout: float = 40.0, src: str | None = None
+) -> Proc:
+    """Run ``args`` + ``--port-file F``; wait for the port (and /health).
+
+    ``src``: import kvgate from this source tree instead (a baseline checkout).
+    """
     tmp = tempfile.TemporaryDirectory(prefix="kvgate-bench-")
     port_file = Path(tmp.name) / "port"
     log = open(Path(tmp.name) / "log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen([*args, "--port-file", str(port_file)], stdout=log, stderr=log)
+    env = {**os.environ, "PYTHONPATH": src} if src else None
+    proc = subprocess.Popen([*args, "--port-file", str(port_file)], stdout=log, stderr=log, env=env)
     deadline = time.monotonic() + timeout
     while True:
         text = port_file.read_text().split() if port_file.exists() else []
@@ -291,15 +297,24 @@ def start_bare(engines: list[str]) -> Target:
     return Target("bare-aiohttp", p.url, p.pid, p.stop)
 
 
-def start_kvgate(engines: list[str], policy: str, workers: int, python_args: list[str]) -> Target:
+def start_kvgate(
+    engines: list[str],
+    policy: str,
+    workers: int,
+    python_args: list[str],
+    *,
+    src: str | None = None,
+    name: str | None = None,
+) -> Target:
     extra = ["--policy", policy, "--log-level", "warning", "--engine-type", "sim"]
-    extra += ["--workers", str(workers)]
+    if src is None:  # a baseline checkout may predate --workers
+        extra += ["--workers", str(workers)]
     cmd = [sys.executable, *python_args, "-m", "kvgate", "serve", "--host", "127.0.0.1"]
     cmd += ["--port", "0", *extra]
     for e in engines:
         cmd += ["--backend", e]
-    p = spawn(cmd)
-    return Target(f"kvgate-{policy}-w{workers}", p.url, p.pid, p.stop)
+    p = spawn(cmd, src=src)
+    return Target(name or f"kvgate-{policy}-w{workers}", p.url, p.pid, p.stop)
 
 
 def _engine_cache(engines: list[str]) -> tuple[float, float]:
@@ -337,6 +352,11 @@ def add_long_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--rows", nargs="+", default=["bare", "round_robin", "hybrid"])
     g.add_argument("--profile", help="cProfile the kvgate hybrid (1 worker) gateway to FILE")
+    g.add_argument(
+        "--baseline-src",
+        help="also run kvgate hybrid imported from this src/ tree (e.g. a checkout of main)",
+    )
+    g.add_argument("--profile-baseline", help="cProfile the baseline gateway to FILE")
 
 
 def _phase_cpu(
@@ -372,6 +392,13 @@ def run_long(args: argparse.Namespace) -> int:
         bodies = build_bodies(args, "sim")
         if "bare" in args.rows:
             targets.append(start_bare(engines))
+        if args.baseline_src:
+            py = ["-m", "cProfile", "-o", args.profile_baseline] if args.profile_baseline else []
+            targets.append(
+                start_kvgate(
+                    engines, "hybrid", 1, py, src=args.baseline_src, name="baseline-hybrid"
+                )
+            )
         for policy in ("round_robin", "hybrid"):
             if policy not in args.rows:
                 continue

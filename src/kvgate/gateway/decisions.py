@@ -123,6 +123,7 @@ class _InFlight:
     result: AdmissionResult
     tenant: str
     decisions: dict[str, RouteDecision] = field(default_factory=dict)
+    dispatched: set[str] = field(default_factory=set)  # on_dispatch already counted
 
 
 class DecisionOwner:
@@ -174,6 +175,9 @@ class DecisionOwner:
             return plan
         plan.decision = decision
         entry.decisions[decision.node_id] = decision
+        # the worker dispatches at once: count it here and save a message per request
+        g.router.on_dispatch(route, decision)
+        entry.dispatched.add(decision.node_id)
         plan.urls[decision.node_id] = g.node_url(decision.node_id) or ""
         if g.proxy is not None and g.proxy.max_retries and g.flags.enabled("retries"):
             plan.alternates = self._alternates(route, decision.node_id)
@@ -193,6 +197,9 @@ class DecisionOwner:
     def dispatch(self, worker: int, key: int, node: str, reason: str) -> None:
         entry = self.inflight.get((worker, key))
         if entry is None:
+            return
+        if node in entry.dispatched:  # the first attempt, counted in begin
+            entry.dispatched.discard(node)
             return
         decision = entry.decisions.get(node)
         if decision is None:  # a retry on an alternate

@@ -153,6 +153,18 @@ class Exchange(asyncio.Protocol):
             if self._remaining == 0:
                 self._finish()
             return
+        if not (self._buf or self._chunk_left or self._after_chunk or self._trailers):
+            # fast path: the read holds exactly one whole chunk (the usual SSE event)
+            eol = data.find(b"\r\n")
+            if 0 < eol < 10:
+                try:
+                    size = int(data[:eol], 16)
+                except ValueError:
+                    size = 0
+                end = eol + 2 + size
+                if size and len(data) == end + 2 and data.endswith(b"\r\n"):
+                    self._emit(data[eol + 2 : end])
+                    return
         buf = self._buf + data if self._buf else data
         pos, n = 0, len(buf)
         out: list[bytes] = []

@@ -74,7 +74,9 @@ class RemoteRouter:
         raise NoNodeAvailable("no alternate node left")
 
     def on_dispatch(self, req: RouteRequest, decision: RouteDecision) -> None:
-        key, _ = self.plans[id(req)]
+        key, plan = self.plans[id(req)]
+        if decision is plan.decision:
+            return  # the owner counted the first attempt when it decided
         self.worker.client.tell("dispatch", key, decision.node_id, decision.reason)
 
     def on_progress(self, req: RouteRequest, decision: RouteDecision, generated: int) -> None:

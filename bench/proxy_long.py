@@ -341,11 +341,12 @@ def add_long_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--chunks", type=int, default=48)
     g.add_argument("--pool", type=int, default=4000, help="distinct request bodies")
     g.add_argument("--seed", type=int, default=7)
-    g.add_argument("--cpu-requests", type=int, default=600)
+    g.add_argument("--cpu-requests", type=int, default=900)
     g.add_argument("--cpu-concurrency", type=int, default=24)
+    g.add_argument("--rounds", type=int, default=3, help="interleaved closed-loop rounds")
     g.add_argument("--rate", type=float, default=100.0, help="fixed rate for added TTFT")
     g.add_argument("--duration", type=float, default=5.0, help="seconds per open-loop run")
-    g.add_argument("--ramp", type=float, nargs="*", default=[25, 50, 100, 150, 200, 300])
+    g.add_argument("--ramp", type=float, nargs="*", default=[10, 25, 50, 100, 150, 200, 300])
     g.add_argument("--p99-bound-ms", type=float, default=50.0)
     g.add_argument(
         "--workers", type=int, nargs="+", default=[1, 2], help="kvgate hybrid worker counts"
@@ -359,26 +360,58 @@ def add_long_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--profile-baseline", help="cProfile the baseline gateway to FILE")
 
 
+@dataclass
+class _CpuTally:
+    cpu: float = 0.0
+    own: float = 0.0
+    ok: int = 0
+    errors: int = 0
+    wall: float = 0.0
+    hits: float = 0.0
+    queries: float = 0.0
+    ttft: list[float] = field(default_factory=list)
+
+
 def _phase_cpu(
-    t: Target, bodies: list[bytes], args: argparse.Namespace, engines: list[str]
-) -> dict[str, Any]:
-    h0, q0 = _engine_cache(engines)
-    cpu0 = tree_cpu_seconds(t.pid) if t.pid else 0.0
-    own0 = tree_cpu_seconds(t.pid, children=False) if t.pid else 0.0
-    s = run_async(_closed_loop(t.url, bodies, args.cpu_requests, args.cpu_concurrency))
-    cpu = (tree_cpu_seconds(t.pid) - cpu0) if t.pid else 0.0
-    own = (tree_cpu_seconds(t.pid, children=False) - own0) if t.pid else 0.0
-    h1, q1 = _engine_cache(engines)
-    ok = s.sent - s.errors
-    return {
-        # with workers: the decision owner's own share (admission, routing, IPC)
-        "main_process_cpu_us_per_request": round(own / max(ok, 1) * 1e6, 1) if t.pid else None,
-        "cpu_us_per_request": round(cpu / max(ok, 1) * 1e6, 1) if t.pid else None,
-        "closed_loop_rps": round(ok / s.wall, 1),
-        "closed_loop_ttft_p50_ms": round(s.pct(0.5) * 1e3, 2),
-        "errors": s.errors,
-        "engine_hit_rate": round((h1 - h0) / (q1 - q0), 4) if q1 > q0 else None,
-    }
+    targets: list[Target], bodies: list[bytes], args: argparse.Namespace, engines: list[str]
+) -> dict[str, dict[str, Any]]:
+    """Closed loop, interleaved: ``--rounds`` rounds, each target in turn per round, so
+    the shared machine's changing load falls on every target alike."""
+    tally = {t.name: _CpuTally() for t in targets}
+    per_round = max(1, args.cpu_requests // args.rounds)
+    for r in range(args.rounds):
+        for t in targets:
+            assert t.pid is not None
+            h0, q0 = _engine_cache(engines)
+            cpu0, own0 = tree_cpu_seconds(t.pid), tree_cpu_seconds(t.pid, children=False)
+            offset = r * per_round
+            s = run_async(
+                _closed_loop(
+                    t.url, bodies[offset:] + bodies[:offset], per_round, args.cpu_concurrency
+                )
+            )
+            x = tally[t.name]
+            x.cpu += tree_cpu_seconds(t.pid) - cpu0
+            x.own += tree_cpu_seconds(t.pid, children=False) - own0
+            h1, q1 = _engine_cache(engines)
+            x.hits, x.queries = x.hits + h1 - h0, x.queries + q1 - q0
+            x.ok += s.sent - s.errors
+            x.errors += s.errors
+            x.wall += s.wall
+            x.ttft += s.ttft
+    out = {}
+    for name, x in tally.items():
+        ttft = sorted(x.ttft)
+        out[name] = {
+            # with workers: the decision owner's own share (admission, routing, IPC)
+            "main_process_cpu_us_per_request": round(x.own / max(x.ok, 1) * 1e6, 1),
+            "cpu_us_per_request": round(x.cpu / max(x.ok, 1) * 1e6, 1),
+            "closed_loop_rps": round(x.ok / x.wall, 1),
+            "closed_loop_ttft_p50_ms": round(ttft[len(ttft) // 2] * 1e3, 2) if ttft else None,
+            "errors": x.errors,
+            "engine_hit_rate": round(x.hits / x.queries, 4) if x.queries else None,
+        }
+    return out
 
 
 def run_long(args: argparse.Namespace) -> int:
@@ -415,9 +448,9 @@ def run_long(args: argparse.Namespace) -> int:
 
         rows = {t.name: {} for t in targets}
         # 1. CPU per request, closed loop
-        for t in targets:
-            rows[t.name].update(_phase_cpu(t, bodies, args, engines))
-            print(t.name, json.dumps(rows[t.name]), flush=True)
+        for name, row in _phase_cpu(targets, bodies, args, engines).items():
+            rows[name].update(row)
+            print(name, json.dumps(row), flush=True)
         # 2. added TTFT at the fixed rate (and CPU/request there)
         base = run_async(direct.open(bodies, args.rate, args.duration, 0))
         for t in targets:

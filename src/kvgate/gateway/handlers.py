@@ -265,6 +265,9 @@ async def _generate(
         raw_body=raw_out,
     )
     if flow.run_async:
+        remote_job = getattr(gateway, "remote_job", None)  # a proxy worker: the owner runs it
+        if remote_job is not None:
+            return await remote_job(call)  # type: ignore[no-any-return]
         return start_async_job(gateway, call, result, tenant.name)
 
     try:

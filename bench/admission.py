@@ -13,27 +13,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
+import shutil
+import socket
 import statistics
-import sys
+import subprocess
 import tempfile
 import time
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tests.fixtures.servers import RedisServer  # noqa: E402
-
-from kvgate.admission.config import AdmissionConfig  # noqa: E402
-from kvgate.admission.controller import AdmissionController  # noqa: E402
-from kvgate.flags import Flags  # noqa: E402
-from kvgate.store import open_store  # noqa: E402
-from kvgate.types import AdmissionKind, AdmissionRequest  # noqa: E402
+from kvgate.admission.config import AdmissionConfig
+from kvgate.admission.controller import AdmissionController
+from kvgate.flags import Flags
+from kvgate.store import open_store
+from kvgate.types import AdmissionKind, AdmissionRequest
 
 CONFIG = {
     "total_quota": 10_000_000,
@@ -46,6 +44,38 @@ def request(i: int) -> AdmissionRequest:
     return AdmissionRequest(f"b{next(_ids)}", f"t{i % 8}", "interactive", 200 + i % 50, 128)
 
 
+@contextlib.contextmanager
+def redis_server() -> Iterator[str]:
+    """A throwaway redis-server on a free loopback port (no persistence); yields its URL."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory(prefix="kvgate-bench-redis-") as tmp:
+        proc = subprocess.Popen(
+            [shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind",
+             "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tmp],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    with socket.create_connection(("127.0.0.1", port), timeout=0.2) as c:
+                        c.sendall(b"PING\r\n")
+                        if c.recv(16).startswith(b"+PONG"):
+                            break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("redis-server did not start")
+                time.sleep(0.05)
+            yield f"redis://127.0.0.1:{port}"
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -54,7 +84,7 @@ def pct(values: list[float], q: float) -> float:
 async def run_store(url: str, decisions: int, concurrency: int) -> dict[str, Any]:
     store = open_store(url)
     c = AdmissionController(
-        AdmissionConfig(**CONFIG), store, flags=Flags(), registry=CollectorRegistry()
+        AdmissionConfig.model_validate(CONFIG), store, flags=Flags(), registry=CollectorRegistry()
     )
     await c.start()
     try:
@@ -107,13 +137,8 @@ async def run_store(url: str, decisions: int, concurrency: int) -> dict[str, Any
 
 async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = [await run_store("memory://", args.decisions, args.concurrency)]
-    with tempfile.TemporaryDirectory(prefix="kvgate-bench-redis-") as tmp:
-        server = RedisServer(Path(tmp))
-        server.start()
-        try:
-            rows.append(await run_store(server.url, args.decisions, args.concurrency))
-        finally:
-            server.stop()
+    with redis_server() as url:
+        rows.append(await run_store(url, args.decisions, args.concurrency))
     base = rows[0]
     for row in rows[1:]:
         row["p99_vs_memory"] = row["p99_ms"] / base["p99_ms"]

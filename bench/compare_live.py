@@ -13,6 +13,12 @@ report are wall seconds.
 
     .venv/bin/python bench/compare_live.py --workload shared-prefix --engines 4 \
         --policies round_robin,hybrid --requests 200 --param groups=8 --out /tmp/live
+
+A saturated run takes the routing workload's ``--load high`` variant (the simulator's
+parameters, workloads/catalog.py HIGH_LOAD; ``--param`` still overrides); a multi-turn
+run is ``--workload multi-turn`` (each turn's prompt is the whole history so far).
+``--with-sim --sim-policies round_robin,hybrid,oracle`` puts the simulator's hit rate of
+each (the oracle included, which only exists in virtual time) beside the live figures.
 """
 
 from __future__ import annotations
@@ -29,11 +35,15 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from kvgate.engine.profiles import get_profile
 from kvgate.loadgen.cli import bench_once, parse_params, summarize_result
 from kvgate.report.records import RequestRecord
 from kvgate.report.summary import markdown_table
 from kvgate.report.writers import write_report
 from kvgate.workloads import WORKLOAD_NAMES, generate_workload
+from kvgate.workloads.catalog import LOADS, load_params
 
 
 def _healthy(url: str) -> bool:
@@ -102,8 +112,16 @@ def start_gateway(
     ]  # fmt: skip
     if args.scrape_interval is not None:
         cmd += ["--scrape-interval", str(args.scrape_interval)]
-    if config is not None:
-        cmd += ["--config", str(config)]
+    # hybrid's spill-by-cost converts tokens to seconds with the engines' prefill rate:
+    # tell it the rate of the engines this bench starts (profile, sped up by time scale)
+    prof = get_profile(args.profile)
+    settings: dict[str, Any] = yaml.safe_load(config.read_text()) or {} if config else {}
+    routing = settings.setdefault("routing", {})
+    routing["prefill_tokens_per_s"] = round(args.time_scale / prof.seconds_per_compute_token, 1)
+    routing["prefill_step_s"] = round(prof.step_time(1, 1, 0) / args.time_scale, 6)
+    merged = root / f"gateway-{policy}.yaml"
+    merged.write_text(yaml.safe_dump(settings))
+    cmd += ["--config", str(merged)]
     for url in urls:
         cmd += ["--backend", url]
     with log.open("wb") as f:
@@ -249,13 +267,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--ttft-slo", type=float, default=2.0)
+    ap.add_argument("--load", choices=LOADS, default="normal", help="high: saturated variant")
     ap.add_argument("--with-sim", action="store_true", help="also run the simulator")
+    ap.add_argument(
+        "--sim-policies", default=None, help="policies for --with-sim (default: --policies)"
+    )
     ap.add_argument("--out", type=Path, default=Path("artifacts/compare-live"))
     args = ap.parse_args(argv)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    workload = generate_workload(
-        args.workload, seed=args.seed, requests=args.requests, **parse_params(args.param)
-    )
+    params = load_params(args.workload, args.load)
+    params.pop("requests", None)  # --requests decides the size of a live run
+    params.update(parse_params(args.param))
+    workload = generate_workload(args.workload, seed=args.seed, requests=args.requests, **params)
     # what bench_once reads from a `kvgate bench` namespace
     args.api_key, args.model, args.drain = [], None, None
     results: dict[str, dict[str, Any]] = {}
@@ -282,11 +305,16 @@ def main(argv: list[str] | None = None) -> int:
             records[policy] = result.records
     wall = time.perf_counter() - started
     if args.with_sim:
-        for policy, hit in sim_hit_rates(args, workload, policies).items():
-            results[policy]["sim_cache_hit_rate"] = hit
+        sim_policies = (args.sim_policies or args.policies).split(",")
+        for policy, hit in sim_hit_rates(args, workload, sim_policies).items():
+            if policy in results:
+                results[policy]["sim_cache_hit_rate"] = hit
+            else:
+                print(f"{policy}: simulated hit rate {hit}")
     meta = {
         "workload": args.workload,
         "params": " ".join(args.param) or "defaults",
+        "load": args.load,
         "requests": len(workload.items),
         "engines": args.engines,
         "profile": args.profile,

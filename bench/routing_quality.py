@@ -11,13 +11,15 @@ issue 16's targets on every (workload, load, seed):
 - shared-prefix high: hybrid output tok/s ≥ 1.5× round_robin.
 
     .venv/bin/python bench/routing_quality.py [--requests 800] [--seeds 0,1,2] \
-        [--workloads shared-prefix,...] [--loads normal,high] [--jobs 1] [--out FILE.md]
+        [--workloads shared-prefix,...] [--loads normal,high] [--jobs 1] [--out FILE.md] \
+        [--cells FILE.jsonl]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -127,7 +129,12 @@ def main() -> int:
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--jobs", type=int, default=1, help="processes (the machine is shared)")
     parser.add_argument("--out", default=None, help="write the markdown tables here")
-    parser.add_argument("--json", default=None, help="write every cell's figures here")
+    parser.add_argument(
+        "--cells",
+        default=None,
+        help="JSON-lines file: each finished cell is appended; cells already there are "
+        "not rerun (resume an interrupted run; tables come from the file)",
+    )
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     workloads = [w for w in args.workloads.split(",") if w]
@@ -135,16 +142,32 @@ def main() -> int:
     policies = tuple(p for p in args.policies.split(",") if p)
     jobs = [
         (w, load, seed, args.requests, args.nodes, policies)
-        for w in workloads
         for load in loads
+        for w in workloads
         for seed in seeds
     ]
+    done: list[dict[str, Any]] = []
+    if args.cells and os.path.exists(args.cells):
+        with open(args.cells) as fh:
+            done = [json.loads(line) for line in fh if line.strip()]
+    have = {(c["workload"], c["load"], c["seed"]) for c in done}
+    todo = [j for j in jobs if (j[0], j[1], j[2]) not in have]
     started = time.perf_counter()
+    cells = [c for c in done if (c["workload"], c["load"], c["seed"]) in {j[:3] for j in jobs}]
+
+    def keep(cell: dict[str, Any]) -> None:
+        cells.append(cell)
+        if args.cells:
+            with open(args.cells, "a") as fh:
+                fh.write(json.dumps(cell, sort_keys=True) + "\n")
+
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs) as pool:
-            cells = list(pool.map(run_cell, jobs))
+            for cell in pool.map(run_cell, todo):
+                keep(cell)
     else:
-        cells = [run_cell(j) for j in jobs]
+        for j in todo:
+            keep(run_cell(j))
     wall = time.perf_counter() - started
     command = "python bench/routing_quality.py " + " ".join(sys.argv[1:])
     parts = [f"`{command}` — {len(cells)} cells in {wall:.0f} s wall", ""]
@@ -158,9 +181,6 @@ def main() -> int:
     if args.out:
         with open(args.out, "w") as fh:
             fh.write(text + "\n")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(cells, fh, indent=1, sort_keys=True)
     return 0
 
 

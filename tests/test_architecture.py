@@ -58,7 +58,17 @@ def _modules() -> dict[str, Path]:
 def _imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[tuple[int, str]]:
     """(line, kvgate module) for every import in the file, resolved to a module."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    typing_only = {  # imports under ``if TYPE_CHECKING:`` never run
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and ast.unparse(block.test).endswith("TYPE_CHECKING")
+        for stmt in block.body
+        for n in ast.walk(stmt)
+    }
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]

@@ -22,12 +22,12 @@ FLAG_SPECS: tuple[FlagSpec, ...] = (
     FlagSpec(
         "cache_affinity",
         True,
-        "prefix-index candidates ignored; hybrid routes by load within the home set",
+        "cache signal ignored; hybrid places every request like a new prefix",
     ),
+    FlagSpec("consistent_hashing", True, "no home node; a new prefix's ties are broken by traffic"),
     FlagSpec(
-        "consistent_hashing", True, "no home set; a prefix miss goes to the least-loaded node"
+        "load_guard", True, "no spill by cost: affinity never leaves a node for its prefill queue"
     ),
-    FlagSpec("load_guard", True, "affinity may send work to an overloaded node"),
     FlagSpec("hit_feedback", True, "predicted hits are never checked; no (node, prefix) demotion"),
     FlagSpec(
         "precise_events",
@@ -44,7 +44,11 @@ FLAG_SPECS: tuple[FlagSpec, ...] = (
     ),
     FlagSpec("admission", True, "every request is admitted (no quota, no queue)"),
     FlagSpec("dynamic_quota", True, "the cluster total stays at its configured value"),
+    FlagSpec("forecast", True, "the dynamic quota ignores load forecasts (reacts only)"),
     FlagSpec("degrade", True, "over-quota work is queued or rejected, never degraded"),
+    FlagSpec(
+        "forecast", False, "the dynamic quota reacts to measured load only, not to the forecast"
+    ),
 )
 FLAG_NAMES = frozenset(s.name for s in FLAG_SPECS)
 

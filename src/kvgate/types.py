@@ -126,6 +126,7 @@ class AdmissionRequest:
     max_tokens: int | None  # the client's output bound; None: the model's default applies
     wants_async: bool = False  # client sent Prefer: respond-async
     model: str = ""
+    stream: bool = False  # reports its first token as it streams (times the quota loop)
 
 
 @dataclass(slots=True)

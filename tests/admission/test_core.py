@@ -328,3 +328,23 @@ def test_missed_releases_are_dropped_when_the_lease_is_gone() -> None:
     run_now(core.refresh(2))
     assert run_now(store.usage()) == {"default": 200}  # the stale release was not replayed
     release(other, clock, kept)
+
+
+def test_guarantee_claims_are_counted_honoured_or_refused() -> None:
+    core, clock = make_core(**TWO_TENANTS)
+    first = admit(core, clock, request("b", 50, 50))  # fits b's unused guarantee (200)
+    # a backlog in b's own queue refuses a claim that would fit (FIFO per tenant)
+    admit(core, clock, request("a", 400, 400))
+    big = admit(core, clock, request("b", 200, 200))
+    assert big.kind is AdmissionKind.QUEUE
+    second = admit(core, clock, request("b", 25, 25))
+    assert second.kind is AdmissionKind.QUEUE
+    claims = core.metrics.registry.get_sample_value
+    honoured = claims(
+        "kvgate_admission_guarantee_claims_total", {"tenant": "b", "outcome": "honoured"}
+    )
+    refused = claims(
+        "kvgate_admission_guarantee_claims_total", {"tenant": "b", "outcome": "refused"}
+    )
+    assert (honoured, refused) == (1, 1)
+    release(core, clock, first)

@@ -1,15 +1,21 @@
-"""The dynamic total quota loop, stepped by hand."""
+"""The dynamic total quota: the rule on a model plant, leader and followers, bounds, forecast."""
 
 from __future__ import annotations
 
 import pytest
+from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from kvgate.admission.config import AdmissionConfig
-from kvgate.admission.dynamic_quota import DynamicQuota
-from kvgate.clock import run_now
+from kvgate.admission.core import AdmissionCore
+from kvgate.admission.dynamic_quota import LEADER_KEY, DynamicQuota
+from kvgate.admission.metrics import AdmissionMetrics
+from kvgate.admission.quota_rule import Observation, QuotaRule
+from kvgate.clock import ManualClock, run_now
+from kvgate.flags import Flags
 from kvgate.store.keys import TOTAL_QUOTA, WATERMARK
-from tests.admission.helpers import admit, make_core, request
+from kvgate.store.memory import MemoryStore
+from tests.admission.helpers import admit, make_core, release, request
 
 
 def test_interval_is_validated_to_20_30_seconds() -> None:
@@ -18,38 +24,148 @@ def test_interval_is_validated_to_20_30_seconds() -> None:
     assert AdmissionConfig().dynamic_quota.interval_s == 25
 
 
-def test_tightens_above_80_relaxes_below_50_within_the_hard_cap() -> None:
+def plant(total: int, best: int) -> Observation:
+    """Latency flat below the knee, a cliff above it; KV use proportional to the total."""
+    ttft = 0.7 if total <= best else 1.2 + 4 * (total / best - 1)
+    return Observation(total, kv_ratio=0.35 * total / best, ttft_ratio=ttft, demand=True)
+
+
+def trajectory(start: int, best: int, periods: int, rule: QuotaRule) -> list[int]:
+    totals = [start]
+    for _ in range(periods):
+        totals.append(rule.next_total(plant(totals[-1], best)).total)
+    return totals
+
+
+def new_rule() -> QuotaRule:
+    return QuotaRule(tighten_above=0.8, relax_below=0.5, max_step=4.0)
+
+
+@pytest.mark.parametrize("start", [30_000, 300_000])
+def test_reaches_the_knee_from_far_below_or_above_and_stays(start: int) -> None:
+    best = 100_000
+    totals = trajectory(start, best, 16, new_rule())
+    settled = next(
+        i
+        for i in range(len(totals))
+        if all(0.9 * best <= x <= 1.1 * best for x in totals[i : i + 5])
+    )
+    assert settled <= 5, totals
+    # afterwards it holds, with a careful probe (at most x1.21) once its mark expires
+    assert max(totals[settled:]) <= 1.21 * best, totals
+    assert min(totals[settled:]) >= 0.85 * best, totals
+
+
+def test_follows_a_step_change_in_capacity() -> None:
+    rule = new_rule()
+    totals = trajectory(30_000, 100_000, 8, rule)
+    for _ in range(8):  # capacity halves: what was fine is now too much
+        totals.append(rule.next_total(plant(totals[-1], 50_000)).total)
+    assert 45_000 <= totals[-1] <= 55_000, totals
+
+
+def test_holds_without_unmet_demand_and_tightens_on_kv_alone() -> None:
+    rule = new_rule()
+    idle = Observation(1000, kv_ratio=0.1, ttft_ratio=0.2, demand=False)
+    assert rule.next_total(idle).direction == "hold"
+    full = Observation(1000, kv_ratio=1.3, ttft_ratio=None, demand=True)
+    move = rule.next_total(full)
+    assert move.direction == "tighten" and move.total == 500  # to the 65% middle
+    assert move.pressure == pytest.approx(1.3 / 0.8)
+
+
+def core_on(store: MemoryStore, name: str, **config: object) -> AdmissionCore:
+    return AdmissionCore(
+        AdmissionConfig(**config),  # type: ignore[arg-type]
+        store,
+        flags=Flags(),
+        gateway_id=name,
+        metrics=AdmissionMetrics(CollectorRegistry()),
+    )
+
+
+def test_one_leader_publishes_and_the_others_follow() -> None:
+    clock = ManualClock()
+    store = MemoryStore(clock)
+    config = {"total_quota": 10_000, "queue": {"max_queue_tokens": 10**6}}
+    a, b = core_on(store, "gw-a", **config), core_on(store, "gw-b", **config)
+    loop_a = DynamicQuota(a, store, capacity=lambda: 100_000)
+    loop_b = DynamicQuota(b, store, capacity=lambda: 100_000)
+    for r in [run_now(a.try_admit(request(prompt=5000, max_tokens=4000), 0.0)) for _ in range(2)]:
+        assert r.kind.value in ("admit", "queue")  # demand: the second one waits
+    first = run_now(loop_a.step(25.0))
+    assert first.direction == "relax" and first.total > 10_000
+    assert run_now(store.get(LEADER_KEY)) == "gw-a"
+    assert run_now(store.get(TOTAL_QUOTA)) == str(first.total)
+    follow = run_now(loop_b.step(25.0))
+    assert (follow.direction, b.total) == ("follow", first.total)
+    assert b.metrics.quota_leader._value.get() == 0
+    clock.advance(3 * 25.0 + 1)  # the leader stops renewing: its lease runs out
+    assert run_now(loop_b.step(clock.now())).direction != "follow"
+    assert run_now(store.get(LEADER_KEY)) == "gw-b"
+
+
+def test_bounds_hard_cap_guarantees_and_the_store_value() -> None:
     core, clock = make_core(
         total_quota=10_000,
         absolute_hard_cap=12_000,
         tenants=[{"name": "a", "guaranteed": 3000}],
         queue={"max_queue_tokens": 10**6},
     )
-    engine_used = [9000]
-    core.ledger.engine_usage = lambda: engine_used[0]
+    used = [20_000]
+    core.ledger.engine_usage = lambda: used[0]
     loop = DynamicQuota(core, core.store, capacity=lambda: 10_000)
-
-    step = run_now(loop.step(clock.now()))
-    assert (step.direction, step.total) == ("tighten", 9000)
-    for _ in range(30):
+    for _ in range(6):
         run_now(loop.step(clock.now()))
     assert core.total == 3000  # never below the guarantees
-    assert run_now(core.store.get(TOTAL_QUOTA)) == "3000"
-    assert run_now(core.store.get(WATERMARK)) == "9000"
-
-    engine_used[0] = 6500  # between the watermarks: hold
-    assert run_now(loop.step(clock.now())).direction == "hold"
-
-    engine_used[0] = 1000
+    assert run_now(core.store.get(WATERMARK)) == str(core.ledger.watermark())
+    used[0] = 100
     admit(core, clock, request("a", 2000, 1000))
     admit(core, clock, request("a", 2000, 1000))  # queued: demand exists
-    for _ in range(40):
+    for _ in range(12):
+        clock.advance(25)
         run_now(loop.step(clock.now()))
     assert core.total == 12_000  # the absolute hard cap
     assert core.metrics.dynamic_adjustments.labels("relax")._value.get() > 0
-
-
-def test_total_never_exceeds_the_hard_cap_from_the_store_either() -> None:
-    core, _ = make_core(total_quota=1000, absolute_hard_cap=1500)
     core.book.apply_store_value(TOTAL_QUOTA, "999999")
-    assert core.total == 1500
+    assert core.total == 12_000
+
+
+def test_a_forecast_pre_scales_unless_its_flag_is_off() -> None:
+    core, clock = make_core(total_quota=10_000)
+    loop = DynamicQuota(core, core.store, capacity=lambda: 1_000_000, forecast=lambda t: 50_000)
+    step = run_now(loop.step(clock.now()))
+    assert (step.direction, core.total) == ("forecast", 50_000)
+    off, clock_off = make_core(flags={"forecast": False}, total_quota=10_000)
+    loop_off = DynamicQuota(off, off.store, capacity=lambda: 1_000_000, forecast=lambda t: 50_000)
+    assert run_now(loop_off.step(clock_off.now())).direction == "hold"
+    assert off.total == 10_000
+
+
+def test_first_tokens_are_timed_from_admission_and_judged_by_admission_time() -> None:
+    core, clock = make_core(total_quota=100_000)
+    clock.set(10.0)
+    early = admit(core, clock, request(prompt=10, max_tokens=10))
+    clock.set(20.0)
+    late = admit(core, clock, request(prompt=10, max_tokens=10))
+    run_now(core.progress(early, 1, 25.0))  # 15 s: admitted under the previous total
+    run_now(core.progress(late, 1, 20.5))
+    run_now(core.progress(late, 2, 21.0))  # only the first token counts
+    assert core.first_tokens.quantile("interactive", 99, since=0.0) == (15.0, 2)
+    assert core.first_tokens.quantile("interactive", 99, since=15.0) == (0.5, 1)
+
+
+def test_streams_still_waiting_for_a_first_token_count_as_slow() -> None:
+    core, clock = make_core(total_quota=100_000)
+    quick = [admit(core, clock, request(prompt=10, max_tokens=10)) for _ in range(3)]
+    stuck = request(prompt=10, max_tokens=10)
+    stuck.stream = True
+    admit(core, clock, stuck)
+    silent = admit(core, clock, request(prompt=10, max_tokens=10))  # non-streamed: no report
+    for r in quick:
+        run_now(core.progress(r, 1, 0.2))
+    pending = core.ledger.waiting_first_token("interactive")
+    assert pending == [0.0]  # the stream only, not the silent non-streamed request
+    p, n = core.first_tokens.quantile("interactive", 99, 0.0, now=9.0, pending=pending)
+    assert (p, n) == (9.0, 4)
+    release(core, clock, silent)

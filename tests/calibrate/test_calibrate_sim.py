@@ -27,7 +27,7 @@ def test_knee_within_15_percent_of_the_analytic_capacity(
     sim_engines, etcd_server, tmp_path: Path, overrides: dict[str, int], bound: str
 ) -> None:  # type: ignore[no-untyped-def]
     extra = [f"--{k.replace('_', '-')}={v}" for k, v in overrides.items()]
-    engine = sim_engines(profile="llama3-8b-h100", time_scale=4.0, extra_args=extra)
+    engine = sim_engines(profile="llama3-8b-h100", time_scale=2.0, extra_args=extra)
     expected = analytic_capacity(
         get_profile("llama3-8b-h100").with_overrides(**overrides), CONTEXT, OUTPUT
     )
@@ -37,7 +37,7 @@ def test_knee_within_15_percent_of_the_analytic_capacity(
         sys.executable, "-m", "kvgate", "calibrate", "--target", engine.url,
         "--engine-type", "sim", "--deployment", "h100x1", "--context", str(CONTEXT),
         "--output-tokens", str(OUTPUT), "--start", "2", "--growth", "1.4", "--refine", "2",
-        "--max-seconds", "150", "--out", str(out), "--plot", str(plot),
+        "--max-seconds", "200", "--out", str(out), "--plot", str(plot),
         "--store", etcd_server.url,
     ]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=200)
@@ -73,4 +73,17 @@ def test_no_knee_within_the_bounds_exits_1_and_writes_nothing(sim_engines, tmp_p
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stderr
     assert "no knee up to concurrency" in done.stderr
+    assert not out.exists()
+
+
+def test_an_engine_that_does_not_answer_exits_1(tmp_path: Path) -> None:
+    from tests.fixtures.servers import free_port
+
+    out = tmp_path / "p.yaml"
+    cmd = [
+        sys.executable, "-m", "kvgate", "calibrate", "--target",
+        f"http://127.0.0.1:{free_port()}", "--out", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "did not answer" in done.stderr
     assert not out.exists()

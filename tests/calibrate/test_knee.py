@@ -103,3 +103,12 @@ def test_profile_round_trips_and_names_bad_fields() -> None:
         data = p.to_dict()
         del data["knee_concurrency"]
         CapacityProfile.from_dict(data)
+
+
+def test_failing_requests_end_the_ramp_at_once() -> None:
+    ok = [StepStats(c, 0.1, 0.01, 100.0 * c, 0.05) for c in (1, 2)]
+    bad = StepStats(3, 0.1, 0.01, 300.0, 0.05, error_rate=0.5)
+    knee = find_knee([*ok, bad], KneeRule())
+    assert (knee.index, knee.reason, knee.confirmed) == (1, "errors", True)
+    first = find_knee([StepStats(1, 0.0, 0.0, 0.0, 0.0, error_rate=1.0)], KneeRule())
+    assert (first.index, first.reason) == (-1, "errors")

@@ -26,7 +26,7 @@ USED_KEY = "kvgate:quota:used"
 
 def gateway_config(engine_url: str, store: str, **admission: Any) -> dict[str, Any]:
     return {
-        "nodes": [{"id": "e0", "url": engine_url, "model": "sim"}],
+        "nodes": [{"id": "e0", "url": engine_url}],
         "store": store,
         "admission": {"lease_ttl_s": LEASE_TTL_S, "total_quota": 1_000_000, **admission},
         "routing": {"scrape_interval_s": 0.5},

@@ -123,12 +123,15 @@ async def test_malformed_input_is_4xx_before_admission(
 
 
 async def test_compressed_bodies_are_served(gw: InProcessGateway) -> None:
-    raw = json.dumps(CHAT).encode()
+    # long enough to arrive in several reads
+    raw = json.dumps({**CHAT, "user": "u" * 300_000}).encode()
     async with aiohttp.ClientSession() as s:
         for encoding, data in [
             ("gzip", gzip.compress(raw)),
             ("deflate", zlib.compress(raw)),
             ("gzip, identity", gzip.compress(raw)),
+            ("x-gzip", gzip.compress(raw)),
+            ("deflate, gzip", gzip.compress(zlib.compress(raw))),
             ("identity", raw),
         ]:
             async with s.post(

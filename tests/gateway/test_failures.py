@@ -216,7 +216,7 @@ async def test_killed_engine_is_ejected_at_once_and_probed_back() -> None:
                 assert time.monotonic() - back_at <= float(span) + 0.5  # type: ignore[arg-type]
                 assert sample(gw, "kvgate_outlier_probes_total", node="e0", result="ok") == 1
                 before = dispatches_to(gw, "e0")
-                for i in range(12):
+                for i in range(24):
                     async with s.post(gw.url + "/v1/chat/completions", json=spread_body(i)) as r:
                         assert r.status == 200
                 assert dispatches_to(gw, "e0") > before
@@ -356,3 +356,7 @@ async def test_clients_that_leave_cost_nothing() -> None:
             assert sum(core.decisions.counts["admit"].values()) == admits_before
             assert sample(gw, "kvgate_cancellations_total", stage="queued") == 6
             assert sample(gw, "kvgate_cancellations_total", stage="upstream") == 4
+            # counted as "client closed" (499), never as a gateway error
+            chat = "/v1/chat/completions"
+            assert sample(gw, "kvgate_requests_total", endpoint=chat, status="499") == 10
+            assert sample(gw, "kvgate_requests_total", endpoint=chat, status="500") == 0

@@ -129,3 +129,50 @@ def test_framing_helpers_and_bad_payloads() -> None:
             decode_batch(bad)
     # Unknown event types from newer engines are skipped, not fatal.
     assert decode_batch(msgspec.msgpack.encode([1.0, [["BlockMoved", 1]]])).events == []
+
+
+def test_token_ids_can_be_left_undecoded() -> None:
+    fast = decode_batch(ARRAY_BATCH, token_ids=False)
+    full = decode_batch(ARRAY_BATCH)
+    assert [e.block_hashes for e in fast.events if isinstance(e, BlockStored)] == [
+        e.block_hashes for e in full.events if isinstance(e, BlockStored)
+    ]
+    assert all(e.token_ids == [] for e in fast.events if isinstance(e, BlockStored))
+    # Trailing fields of newer releases (lora_name, extra_keys, group_idx, …) are ignored.
+    newer = msgspec.msgpack.encode(
+        [2.0, [["BlockStored", [5], None, [1] * 16, 16, None, "GPU", "lora-a", [None], 0]], 0]
+    )
+    assert decode_batch(newer).events == [BlockStored([5], None, [1] * 16, 16, None, "GPU")]
+
+
+def test_index_agrees_with_a_brute_force_model() -> None:
+    import random
+
+    rng = random.Random(11)
+    index, model = PreciseIndex(), {f"n{i}": set() for i in range(4)}
+    for node in model:
+        index.apply(node, KVEventBatch(0.0, []), 0.0)
+    universe = list(range(1, 40))
+    for _ in range(600):
+        node = rng.choice(list(model))
+        hashes = rng.sample(universe, rng.randint(1, 6))
+        kind = rng.random()
+        if kind < 0.55:
+            index.apply(node, KVEventBatch(0.0, [BlockStored(hashes, None)]), 0.0)
+            model[node].update(hashes)
+        elif kind < 0.95:
+            index.apply(node, KVEventBatch(0.0, [BlockRemoved(hashes)]), 0.0)
+            model[node].difference_update(hashes)
+        else:
+            index.apply(node, KVEventBatch(0.0, [AllBlocksCleared()]), 0.0)
+            model[node].clear()
+        chain = rng.sample(universe, 8)
+        expected = {}
+        for n, held in model.items():
+            k = 0
+            while k < len(chain) and chain[k] in held:
+                k += 1
+            if k:
+                expected[n] = k
+        assert index.match(chain, 0.0) == expected
+        assert all(index.blocks_of(n) == held for n, held in model.items())

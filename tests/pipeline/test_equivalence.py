@@ -12,6 +12,7 @@ some requests too large to admit, so the admission sequence mixes admit and reje
 from __future__ import annotations
 
 import dataclasses
+import socket
 from typing import Any
 
 import aiohttp
@@ -19,6 +20,7 @@ import pytest
 
 from kvgate.admission.config import AdmissionConfig
 from kvgate.sim.cluster import ClusterSim, SimConfig
+from kvgate.sim.events import ClusterEvent
 from kvgate.workloads import Workload, generate_workload
 from kvgate.workloads.base import PromptCache
 from tests.fixtures.engines import start_engine_process
@@ -87,8 +89,9 @@ def _routing(policy: str) -> dict[str, Any]:
     return {"policy": policy, "freshness_s": 3600.0, "scrape_interval_s": 5.0}
 
 
-def run_sim(workload: Workload, policy: str) -> list[Decision]:
+def run_sim(workload: Workload, policy: str, dead: str | None = None) -> list[Decision]:
     config = SimConfig(
+        events=[ClusterEvent(0.0, "fail", dead)] if dead else [],
         nodes=NODES,
         profile=PROFILE,
         admission=True,
@@ -108,7 +111,11 @@ def run_sim(workload: Workload, policy: str) -> list[Decision]:
     return out
 
 
-async def run_live(workload: Workload, policy: str, urls: list[str]) -> list[Decision]:
+async def run_live(
+    workload: Workload, policy: str, urls: list[str], dead: str | None = None
+) -> list[Decision]:
+    if dead is not None:  # a dead engine: nothing listens on its port any more
+        urls = [_closed_port_url() if f"node-{i}" == dead else u for i, u in enumerate(urls)]
     config = {
         "nodes": [{"id": f"node-{i}", "url": u, "model": MODEL} for i, u in enumerate(urls)],
         # no scrapes: a report taken while a request runs would make load timing-dependent
@@ -140,6 +147,13 @@ async def run_live(workload: Workload, policy: str, urls: list[str]) -> list[Dec
     return out
 
 
+def _closed_port_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
 @pytest.fixture(scope="module")
 def engine_urls() -> Any:
     proc = start_engine_process(count=NODES, profile=PROFILE, model=MODEL, time_scale=50.0)
@@ -149,11 +163,17 @@ def engine_urls() -> Any:
         proc.stop()
 
 
-@pytest.mark.parametrize("policy", ["consistent_hash", "hybrid"])
-async def test_sim_and_live_make_the_same_decisions(policy: str, engine_urls: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("policy", "dead"), [("consistent_hash", None), ("hybrid", None), ("consistent_hash", "node-3")]
+)
+async def test_sim_and_live_make_the_same_decisions(
+    policy: str, dead: str | None, engine_urls: list[str]
+) -> None:
     workload = _workload()
-    sim = run_sim(workload, policy)
-    live = await run_live(workload, policy, engine_urls)
+    sim = run_sim(workload, policy, dead)
+    live = await run_live(workload, policy, engine_urls, dead)
+    if dead is not None:  # the retry and ejection path: the dead node answers nothing
+        assert dead not in {d[0] for d in sim}
     # the workload exercises both admission outcomes and both cache outcomes
     kinds = {d[3:] for d in sim}
     assert {("admit", "within_guarantee"), ("admit", "elastic"), ("reject", "too_large")} == kinds

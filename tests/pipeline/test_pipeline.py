@@ -197,3 +197,35 @@ def test_the_retry_budget_stops_overload_retries_but_not_dead_node_retries() -> 
     decision = pipeline.next_attempt(flow)
     pipeline.attempt_failed(flow, decision, Failure("connect", "refused"))
     assert pipeline.next_attempt(flow).node_id != decision.node_id
+
+
+def test_workloads_and_the_gateway_derive_one_route_key() -> None:
+    from kvgate.routing import RouteKeyConfig, build_route_request
+
+    items = generate_workload("tenant-prefix", seed=2, requests=6).items
+    for config in (
+        RouteKeyConfig(),
+        RouteKeyConfig(kb_version="v7"),
+        RouteKeyConfig(include_system_prompt=False),
+    ):
+        keys = set()
+        for item in items:
+            live = build_route_request(
+                item.chat_body(),
+                endpoint="chat",
+                headers={},
+                request_id=item.request_id,
+                tenant=item.tenant,
+                priority=0,
+                config=config,
+                model="served-model",
+            )
+            assert item.route_key("served-model", config) == live.route_key
+            keys.add(live.route_key)
+        if config.include_system_prompt:  # tenant-prefix: one system prompt per tenant
+            assert len(keys) > 1
+        else:
+            assert len(keys) == 1
+    assert items[0].route_key("m", RouteKeyConfig()) != items[0].route_key(
+        "m", RouteKeyConfig(kb_version="v7")
+    )

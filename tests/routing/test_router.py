@@ -333,8 +333,17 @@ def test_snapshot_and_metrics(cluster_factory: Factory) -> None:
         "kvgate_prefix_index_entries",
         "kvgate_prefix_index_evictions_total",
         'kvgate_cold_boost{node="n0"}',
+        'kvgate_prefill_queue_seconds{node="n0"}',
+        "kvgate_node_prefixes",
     ):
         assert name in text, name
+    # a dispatched, unfinished request is prefill backlog until it is seen past prefill
+    req = group_request(2, "open")
+    d = c.router.route(req)
+    c.router.on_dispatch(req, d)
+    assert c.router.snapshot()["nodes"][d.node_id]["prefill_queue_s"] > 0
+    c.router.on_progress(req, d, 1)
+    assert c.router.snapshot()["nodes"][d.node_id]["prefill_queue_s"] == 0
 
 
 def test_index_evictions_are_counted(cluster_factory: Factory) -> None:

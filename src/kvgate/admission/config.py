@@ -18,6 +18,12 @@ class TenantConfig(_Strict):
     name: str = Field(min_length=1)
     api_keys: list[str] = []
     guaranteed: int = Field(default=0, ge=0, description="tokens always available to the tenant")
+    guaranteed_fraction: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="guarantee as a fraction of the live total (follows the dynamic quota)",
+    )
     weight: float = Field(default=1.0, gt=0, description="share of spare capacity")
     hard_cap: int | None = Field(default=None, ge=1, description="never more than this in flight")
     priority_min: int = 0
@@ -38,6 +44,8 @@ class TenantConfig(_Strict):
             self.priority_min <= self.default_priority <= self.priority_max
         ):
             raise ValueError("default_priority must lie within priority_min..priority_max")
+        if self.guaranteed_fraction is not None and self.guaranteed:
+            raise ValueError("set guaranteed or guaranteed_fraction, not both")
         if self.hard_cap is not None and self.hard_cap < self.guaranteed:
             raise ValueError("hard_cap must be >= guaranteed")
         return self
@@ -80,10 +88,22 @@ class OutputBoundConfig(_Strict):
 
 class DynamicQuotaConfig(_Strict):
     interval_s: float = Field(default=25.0, ge=20.0, le=30.0)
-    tighten_above: float = Field(default=0.80, gt=0, le=1)
-    relax_below: float = Field(default=0.50, ge=0, lt=1)
-    step_fraction: float = Field(default=0.10, gt=0, le=1)
+    tighten_above: float = Field(default=0.80, gt=0, le=1, description="of KV capacity")
+    relax_below: float = Field(default=0.50, ge=0, lt=1, description="of KV capacity")
     min_total: int = Field(default=1024, ge=1)
+    max_step: float = Field(default=4.0, gt=1, le=16, description="largest factor per period")
+    ttft_class: str = Field(default="interactive", description="class whose latency is watched")
+    ttft_slo_s: float = Field(default=1.0, gt=0, description="that class's TTFT SLO")
+    ttft_target_fraction: float = Field(
+        default=0.75, gt=0, le=1, description="admission → first token p-th percentile target"
+    )
+    ttft_percentile: float = Field(default=99.0, gt=0, le=100)
+    min_samples: int = Field(default=20, ge=1, description="first tokens needed to judge TTFT")
+    settle_fraction: float = Field(
+        default=0.4, ge=0, lt=1, description="part of a period not judged after its first admission"
+    )
+    precision: float = Field(default=1.1, gt=1, description="brackets this close: converged")
+    memory_periods: int = Field(default=6, ge=1, description="how long a bracket is trusted")
 
     @model_validator(mode="after")
     def _order(self) -> DynamicQuotaConfig:
@@ -138,7 +158,10 @@ class AdmissionConfig(_Strict):
         cap = self.absolute_hard_cap
         if cap is not None and self.total_quota > cap:
             raise ValueError("total_quota must be <= absolute_hard_cap")
-        guaranteed = sum(t.guaranteed for t in self.tenants)
+        fractions = sum(t.guaranteed_fraction or 0.0 for t in self.tenants)
+        guaranteed = sum(t.guaranteed for t in self.tenants) + int(fractions * self.total_quota)
+        if fractions > 1:
+            raise ValueError(f"tenants: guaranteed_fraction sums to {fractions:.3f}, above 1")
         if guaranteed > self.total_quota:
             raise ValueError(
                 f"tenants: guarantees sum to {guaranteed}, above total_quota {self.total_quota}"

@@ -53,6 +53,7 @@ class AdmissionController:
         engine_usage: Callable[[], int | None] | None = None,
         capacity: Callable[[], int | None] | None = None,
         local_store: Store | None = None,
+        forecast: Callable[[float], float | None] | None = None,
     ) -> None:
         self.config = config
         self.store: Store = with_counters(store)  # a plain KVStore: counters stay in process
@@ -72,7 +73,7 @@ class AdmissionController:
             engine_usage=engine_usage,
             local_store=local_store,
         )
-        self.dynamic = DynamicQuota(self.core, self.store, capacity)
+        self.dynamic = DynamicQuota(self.core, self.store, capacity, forecast=forecast)
         self._tasks: list[asyncio.Task[Any]] = []
         self._pump_task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -147,7 +148,7 @@ class AdmissionController:
             raise
 
     async def progress(self, result: AdmissionResult, generated_tokens: int) -> None:
-        await self.core.progress(result, generated_tokens)
+        await self.core.progress(result, generated_tokens, self.clock.now())
 
     async def release(self, result: AdmissionResult) -> None:
         for item in await self.core.release(result, self.clock.now()):

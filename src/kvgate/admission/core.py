@@ -20,6 +20,7 @@ from typing import Any
 
 from kvgate.admission.config import AdmissionConfig
 from kvgate.admission.decisions import DecisionCounter
+from kvgate.admission.first_tokens import FirstTokenWindow
 from kvgate.admission.ledger import Ledger
 from kvgate.admission.metrics import AdmissionMetrics
 from kvgate.admission.overcommit import Overcommit
@@ -45,6 +46,9 @@ class Ticket:
     tenant: str
     reserved: int
     local: bool  # reserved in the local fallback store (shared store was down)
+    priority_class: str = "interactive"
+    admitted_at: float = 0.0
+    first_token: bool = False
     released: bool = False
 
 
@@ -81,6 +85,8 @@ class AdmissionCore:
         self.overcommit = Overcommit(config.overcommit, self.metrics)
         self.decisions = DecisionCounter(self.metrics)
         self.releases = ReleaseRate()
+        self.first_tokens = FirstTokenWindow()
+        self.refused = 0  # requests queued or rejected: demand the total did not meet
         self._draining = False
         self._drain_again = False
 
@@ -117,6 +123,9 @@ class AdmissionCore:
     async def _reserve(
         self, tenant: str, tokens: int, fair_share: bool = True
     ) -> tuple[ReserveOutcome, bool]:
+        if self.book.guarantees_changed:
+            self.book.guarantees_changed = False
+            await self.link.publish_guarantees(self.book.guarantees())
         total = self.overcommit.total(self.book.total)
         local_total = max(1, int(total * self.config.local_share))
         return await self.link.reserve(
@@ -131,11 +140,21 @@ class AdmissionCore:
         outcome: ReserveOutcome,
         local: bool,
         waited: float,
+        now: float,
         degrade_to: str | None = None,
     ) -> AdmissionResult:
         mode = degrade_to or "normal"
-        self.ledger.open(req.request_id, req.tenant, req.prompt_tokens, tokens, mode)
-        ticket = Ticket(req.request_id, req.tenant, tokens, local)
+        self.ledger.open(
+            req.request_id,
+            req.tenant,
+            req.prompt_tokens,
+            tokens,
+            mode,
+            req.priority_class,
+            now,
+            req.stream,
+        )
+        ticket = Ticket(req.request_id, req.tenant, tokens, local, req.priority_class, now)
         reason = outcome.reason + ("_local" if local else "")
         kind = AdmissionKind.DEGRADE if degrade_to else AdmissionKind.ADMIT
         self.decisions.count(req.tenant, kind.value, reason)
@@ -150,6 +169,7 @@ class AdmissionCore:
         )
 
     def _reject(self, tenant: str, reason: RejectReason, **extra: Any) -> AdmissionResult:
+        self.refused += 1
         self.decisions.count(tenant, "reject", reason.value)
         return AdmissionResult(AdmissionKind.REJECT, reason, **extra)
 
@@ -168,19 +188,25 @@ class AdmissionCore:
         quota = self.book.quota_for(req.tenant)
         if tokens > max_admissible(quota, self.overcommit.total(self.book.total)):
             return self._reject(req.tenant, RejectReason.TOO_LARGE, output_bound=bound)
+        # a request that fits in what its tenant is guaranteed must be admitted at once
+        claim = self.link.usage.get(req.tenant, 0) + tokens <= quota.guaranteed
         reason = "queue_backlog"
         if not self.queue.has_backlog(req.tenant):  # keep each tenant's queue FIFO
             outcome, local = await self._reserve(req.tenant, tokens)
             if outcome.ok:
-                return self._admitted(req, tokens, outcome, local, 0.0)
+                if claim:
+                    self.metrics.guarantee_claims.labels(req.tenant, "honoured").inc()
+                return self._admitted(req, tokens, outcome, local, 0.0, now)
             reason = outcome.reason
-            if reason == RejectReason.STORE_UNAVAILABLE:
-                return self._reject(req.tenant, RejectReason.STORE_UNAVAILABLE, retry_after_s=1.0)
+        if claim:
+            self.metrics.guarantee_claims.labels(req.tenant, "refused").inc()
+        if reason == RejectReason.STORE_UNAVAILABLE:
+            return self._reject(req.tenant, RejectReason.STORE_UNAVAILABLE, retry_after_s=1.0)
         mode = self._degrade_mode(req)
         if mode in ("low_priority", "economy_pool") and reason in SHARE_LIMITS:
             outcome, local = await self._reserve(req.tenant, tokens, fair_share=False)
             if outcome.ok:
-                return self._admitted(req, tokens, outcome, local, 0.0, degrade_to=mode)
+                return self._admitted(req, tokens, outcome, local, 0.0, now, degrade_to=mode)
         if self.config.queue.max_queue_tokens > 0 and self.queue.can_accept(req.tenant, tokens):
             return self._enqueue(req, tokens, now, reason, "async" if mode == "async" else None)
         return self._reject(
@@ -211,6 +237,7 @@ class AdmissionCore:
             degrade_to=degrade_to,
         )
         self.queue.push(item)
+        self.refused += 1
         self.ledger.queued_prefill += req.prompt_tokens
         kind = AdmissionKind.DEGRADE if degrade_to else AdmissionKind.QUEUE
         self.decisions.count(req.tenant, kind.value, reason)
@@ -263,7 +290,13 @@ class AdmissionCore:
                 return False
             self._dequeued(item, now, "admitted")
             item.outcome = self._admitted(
-                item.request, item.tokens, outcome, local, now - item.enqueued_at, item.degrade_to
+                item.request,
+                item.tokens,
+                outcome,
+                local,
+                now - item.enqueued_at,
+                now,
+                item.degrade_to,
             )
             return True
 
@@ -293,11 +326,19 @@ class AdmissionCore:
             self._dequeued(item, now, "cancelled")
 
     # -- in flight -----------------------------------------------------------------------
-    async def progress(self, result: AdmissionResult, generated_tokens: int) -> None:
-        """Tokens generated so far; the reservation already covers the output bound."""
+    async def progress(
+        self, result: AdmissionResult, generated_tokens: int, now: float | None = None
+    ) -> None:
+        """Tokens generated so far; the reservation already covers the output bound.
+
+        The first report (with ``now``) times admission → first token for the quota loop.
+        """
         ticket = result.ticket
         if not isinstance(ticket, Ticket) or ticket.released:
             return
+        if now is not None and not ticket.first_token and generated_tokens > 0:
+            ticket.first_token = True
+            self.first_tokens.observe(now, ticket.priority_class, now - ticket.admitted_at)
         overrun = self.ledger.progress(ticket.request_id, generated_tokens)
         if overrun > 0:  # the engine ran past max_tokens: counted, never re-reserved
             self.metrics.bound_overrun.labels(ticket.tenant).inc(overrun)

@@ -18,6 +18,9 @@ class LedgerEntry:
     prompt_tokens: int
     reserved: int
     mode: str = "normal"  # normal | low_priority | economy_pool | async
+    priority_class: str = "interactive"
+    admitted_at: float = 0.0
+    stream: bool = False
     generated: int = 0
 
     @property
@@ -32,9 +35,19 @@ class Ledger:
         self.engine_usage = engine_usage
 
     def open(
-        self, request_id: str, tenant: str, prompt_tokens: int, reserved: int, mode: str
+        self,
+        request_id: str,
+        tenant: str,
+        prompt_tokens: int,
+        reserved: int,
+        mode: str,
+        priority_class: str = "interactive",
+        admitted_at: float = 0.0,
+        stream: bool = False,
     ) -> LedgerEntry:
-        entry = LedgerEntry(request_id, tenant, prompt_tokens, reserved, mode)
+        entry = LedgerEntry(
+            request_id, tenant, prompt_tokens, reserved, mode, priority_class, admitted_at, stream
+        )
         self._entries[request_id] = entry
         return entry
 
@@ -80,6 +93,14 @@ class Ledger:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def waiting_first_token(self, priority_class: str) -> list[float]:
+        """Admission times of in-flight streams of a class with no token generated yet."""
+        return [
+            e.admitted_at
+            for e in self._entries.values()
+            if e.stream and e.priority_class == priority_class and e.generated == 0
+        ]
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._entries

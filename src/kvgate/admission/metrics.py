@@ -88,4 +88,20 @@ class AdmissionMetrics:
             ["tenant", "mode"],
             registry=r,
         )
+        self.quota_pressure = Gauge(
+            "kvgate_dynamic_quota_pressure",
+            "The quota loop's pressure (1.0 = at the KV watermark or the TTFT target)",
+            registry=r,
+        )
+        self.quota_leader = Gauge(
+            "kvgate_dynamic_quota_leader",
+            "1 while this replica leads the dynamic quota loop, 0 while it follows",
+            registry=r,
+        )
+        self.guarantee_claims = Counter(
+            "kvgate_admission_guarantee_claims",
+            "Requests that fit their tenant's unused guarantee: honoured at once or refused",
+            ["tenant", "outcome"],
+            registry=r,
+        )
         self.store_up.set(1)

@@ -22,9 +22,13 @@ class TenantQuota:
     guaranteed: int
     weight: float
     hard_cap: int | None
+    fraction: float | None = None  # guarantee = fraction x the live total, when set
 
     @classmethod
-    def from_config(cls, t: TenantConfig) -> TenantQuota:
+    def from_config(cls, t: TenantConfig, total: int) -> TenantQuota:
+        if t.guaranteed_fraction is not None:
+            guaranteed = int(t.guaranteed_fraction * total)
+            return cls(t.name, guaranteed, t.weight, t.hard_cap, t.guaranteed_fraction)
         return cls(t.name, t.guaranteed, t.weight, t.hard_cap)
 
 

@@ -23,9 +23,10 @@ class QuotaBook:
         self._absolute_hard_cap = config.absolute_hard_cap
         self._metrics = metrics
         self.quotas: dict[str, TenantQuota] = {
-            t.name: TenantQuota.from_config(t) for t in config.tenants
+            t.name: TenantQuota.from_config(t, config.total_quota) for t in config.tenants
         }
         self.total = config.total_quota
+        self.guarantees_changed = True  # the store must learn them before the first reserve
         metrics.quota_total.set(self.total)
         for q in self.quotas.values():
             metrics.quota_guaranteed.labels(q.name).set(q.guaranteed)
@@ -40,6 +41,11 @@ class QuotaBook:
         cap = self._absolute_hard_cap
         self.total = max(1, min(total, cap) if cap is not None else total)
         self._metrics.quota_total.set(self.total)
+        for q in self.quotas.values():
+            if q.fraction is not None:
+                q.guaranteed = int(q.fraction * self.total)
+                self._metrics.quota_guaranteed.labels(q.name).set(q.guaranteed)
+                self.guarantees_changed = True
 
     def guarantees(self) -> dict[str, int]:
         return {n: q.guaranteed for n, q in self.quotas.items()}
@@ -58,7 +64,9 @@ class QuotaBook:
                 q.weight = float(data.get("weight", q.weight))
                 cap = data.get("hard_cap", q.hard_cap)
                 q.hard_cap = None if cap is None else int(cap)
+                q.fraction = None
                 self._metrics.quota_guaranteed.labels(name).set(q.guaranteed)
+                self.guarantees_changed = True
                 return True
         except (ValueError, TypeError) as exc:
             log.warning("ignoring bad quota value at %s: %s", key, exc)

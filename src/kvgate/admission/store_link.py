@@ -79,6 +79,14 @@ class StoreLink:
         outcome = await self.local.reserve(self.gateway_id, tenant, tokens, limits(local_total))
         return outcome, True
 
+    async def publish_guarantees(self, guarantees: dict[str, int]) -> None:
+        """Tell both stores each tenant's guarantee (the elastic-pool accounting needs it)."""
+        await self.local.set_guarantees(guarantees)
+        try:
+            await self.store.set_guarantees(guarantees)
+        except STORE_ERRORS as exc:
+            self.mark(False, exc)
+
     async def give_back(self, tenant: str, tokens: int, local: bool) -> None:
         """Return a reservation; a release the shared store missed is replayed later."""
         if local:

@@ -20,12 +20,14 @@ find the latency knee and write the capacity profile
 
 to a YAML file and (with --store) to /kvgate/capacity/<model_version>/<deployment>.
 The knee is the last step before p99 TTFT leaves its flat region (above --ttft-factor x
-the lowest p99 so far), p99 TTFT/TPOT exceed the SLO, or throughput stops rising
+the median p99 of the earlier steps), p99 TTFT/TPOT exceed the SLO, or throughput stops rising
 (see docs/operations.md, "capacity calibration"). Latency comes from the engine's TTFT
 histogram when it has one (vLLM, SGLang, engine-sim), else from the client.
 capacity_runtime_tokens is the engine's KV tokens in use (+ queued prompt tokens),
 averaged over the knee step. The ramp is bounded by --max-requests and --max-seconds.
-Exit status: 0 profile written; 1 no knee found within the bounds; 2 bad arguments.
+A step where more than 5% of requests fail is past the knee.
+Exit status: 0 profile written; 1 no knee within the bounds, or the engine does not
+answer; 2 bad arguments.
 """
 
 
@@ -71,8 +73,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--ttft-factor",
         type=float,
-        default=3.0,
-        help="p99 TTFT above this x the flat-region floor is past the knee (default 3)",
+        default=4.0,
+        help="p99 TTFT above this x the flat-region floor is past the knee (default 4: above "
+        "the 2.5x steps of vLLM's TTFT histogram buckets)",
     )
     p.add_argument("--start", type=int, default=1, help="first concurrency (default 1)")
     p.add_argument(
@@ -128,6 +131,7 @@ def _check(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from kvgate.calibrate import NoKnee, RampConfig, calibrate
     from kvgate.calibrate.knee import KneeRule
+    from kvgate.calibrate.ramp import EngineUnreachable
 
     problem = _check(args)
     if problem:
@@ -158,13 +162,16 @@ def run(args: argparse.Namespace) -> int:
         profile, result = asyncio.run(
             calibrate(config, model_version=args.model_version, deployment=args.deployment)
         )
+    except EngineUnreachable as exc:
+        print(f"kvgate calibrate: {exc}", file=sys.stderr)
+        return 1
     except NoKnee as exc:
         _print_steps(exc.result)
         _outputs(args, exc.result)
         print(str(exc), file=sys.stderr)
         return 1
     _print_steps(result)
-    _outputs(args, result)
+    _outputs(args, result, f"{profile.model_version} @ {profile.deployment}")
     if args.out:
         Path(args.out).write_text(profile.to_yaml())
     if args.store:
@@ -173,13 +180,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _outputs(args: argparse.Namespace, result: object) -> None:
+def _outputs(args: argparse.Namespace, result: object, name: str = "") -> None:
     from kvgate.calibrate.plot import write_plot
     from kvgate.calibrate.ramp import RampResult
 
     assert isinstance(result, RampResult)
     if args.plot and result.steps:
-        write_plot(result, args.plot)
+        title = f"kvgate calibrate: {name or result.model}, context {result.config.context}"
+        write_plot(result, args.plot, title)
     if args.steps_json:
         Path(args.steps_json).write_text(
             json.dumps([s.to_dict() for s in result.steps], indent=1, default=str)
@@ -202,7 +210,7 @@ def _print_steps(result: object) -> None:
         print(
             f"{s.concurrency:5d} {s.requests:5d} {s.errors:4d} {s.ttft_p99:9.4f} "
             f"{s.tpot_p99:9.4f} {s.throughput:8.1f} {s.runtime_tokens:11.0f} {kv} "
-            f"{s.waiting:5.1f}{mark}",
+            f"{s.waiting:5.1f}{mark}" + (f"  errors: {s.error_kinds}" if s.error_kinds else ""),
             file=sys.stderr,
         )
 

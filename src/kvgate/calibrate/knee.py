@@ -3,8 +3,9 @@
 Rule (docs/operations.md, "capacity calibration"): walking the steps in order of
 concurrency, step *i* is past the knee when
 
-1. its p99 TTFT exceeds the SLO (``slo_ttft_p99``), or its p99 TPOT exceeds
-   ``slo_tpot_p99`` — both optional; or
+1. more than ``max_error_rate`` (5%) of its requests failed, or its p99 TTFT exceeds
+   the SLO (``slo_ttft_p99``), or its p99 TPOT exceeds ``slo_tpot_p99`` (SLOs
+   optional) — final at once; or
 2. its TTFT left the flat region, *and* by more than ``ttft_margin_s`` (tiny absolute
    values at low load are noise): its p99 is above ``ttft_factor`` × the flat floor
    (the median p99 of the steps before it), or its mean is above ``mean_factor`` × the
@@ -41,15 +42,17 @@ class StepStats:
     throughput: float  # output tokens per second
     ttft_mean: float = 0.0  # seconds
     preemptions: float = 0.0  # engine-reported preemptions during the step
+    error_rate: float = 0.0  # failed requests / measured requests
 
 
 @dataclass(frozen=True, slots=True)
 class KneeRule:
-    ttft_factor: float = 3.0
+    ttft_factor: float = 4.0
     mean_factor: float = 1.5
     ttft_margin_s: float = 0.05
     min_throughput_gain: float = 0.25
     max_preemptions: float = 0.0
+    max_error_rate: float = 0.05
     slo_ttft_p99: float | None = None
     slo_tpot_p99: float | None = None
 
@@ -76,6 +79,8 @@ def past_knee(
     mean_floor: float,
 ) -> str | None:
     """Why step ``s`` is past the knee (compared with the floors before it), or None."""
+    if s.error_rate > rule.max_error_rate:
+        return "errors"
     if rule.slo_ttft_p99 is not None and s.ttft_p99 > rule.slo_ttft_p99:
         return "slo_ttft"
     if rule.slo_tpot_p99 is not None and s.tpot_p99 > rule.slo_tpot_p99:
@@ -109,6 +114,8 @@ def find_knee(steps: Sequence[StepStats], rule: KneeRule) -> Knee:
         return Knee(-1, None, "not_reached", 0.0)
     for i, s in enumerate(steps):
         if i == 0:
+            if s.error_rate > rule.max_error_rate:
+                return Knee(-1, 0, "errors", s.ttft_p99, s.ttft_mean)
             if rule.slo_ttft_p99 is not None and s.ttft_p99 > rule.slo_ttft_p99:
                 return Knee(-1, 0, "slo_ttft", s.ttft_p99, s.ttft_mean)
             continue
@@ -120,7 +127,7 @@ def find_knee(steps: Sequence[StepStats], rule: KneeRule) -> Knee:
         reason = past_knee(s, rule, floor, best, mean_floor)
         if reason is None:
             continue
-        if reason.startswith("slo_"):
+        if reason.startswith("slo_") or reason == "errors":
             return Knee(i - 1, i, reason, floor, mean_floor)
         if i + 1 == len(steps):
             return Knee(i - 1, i, reason, floor, mean_floor, confirmed=False)

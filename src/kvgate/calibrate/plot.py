@@ -23,7 +23,7 @@ def write_plot(result: RampResult, path: str | Path, title: str = "") -> None:
         lat.axhline(result.config.rule.slo_ttft_p99, color="grey", ls=":", label="TTFT SLO")
     lat.set_yscale("log")
     lat.set_ylabel("seconds")
-    lat.legend(loc="upper left")
+    lat.legend(loc="lower right")
     thr.plot(xs, [s.throughput for s in steps], "o-", color="tab:green", label="output tok/s")
     thr.set_ylabel("output tokens / s (wall)")
     thr.set_xlabel("concurrency")
@@ -38,7 +38,7 @@ def write_plot(result: RampResult, path: str | Path, title: str = "") -> None:
             f"knee: c={knee.concurrency}\n{knee.runtime_tokens:,.0f} runtime tokens"
             f"\n({result.knee.reason} past it)",
             xy=(knee.concurrency, knee.ttft_p99),
-            xytext=(10, 20),
+            xytext=(12, -45),
             textcoords="offset points",
             color="tab:red",
         )

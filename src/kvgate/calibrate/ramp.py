@@ -17,6 +17,7 @@ import json
 import random
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -281,6 +282,7 @@ class StepResult:
     running: float
     waiting: float
     preemptions: float
+    error_kinds: dict[str, int] = field(default_factory=dict)
 
     @property
     def latency_source(self) -> str:
@@ -306,6 +308,7 @@ class StepResult:
             self.throughput,
             self.ttft_mean,
             self.preemptions,
+            self.errors / self.requests if self.requests else 0.0,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -331,6 +334,10 @@ class RampResult:
     def knee_step(self) -> StepResult | None:
         steps = self.sorted_steps()
         return steps[self.knee.index] if 0 <= self.knee.index < len(steps) else None
+
+
+class EngineUnreachable(RuntimeError):
+    """The target does not answer /v1/models: nothing to calibrate."""
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -490,7 +497,7 @@ class Ramp:
         e2e_estimate = statistics.median(recent) if recent else 0.0
         await self._set_concurrency(c, e2e_estimate)
         # settle: new workers spread their starts over one request time; drop that period
-        settle_until = time.monotonic() + 1.5 * e2e_estimate
+        settle_until = time.monotonic() + min(1.5 * e2e_estimate, self.cfg.step_seconds / 2)
         while time.monotonic() < settle_until and not self._stop:
             await asyncio.sleep(min(0.05, settle_until - time.monotonic()))
         if self._stop:
@@ -569,6 +576,7 @@ class Ramp:
             preemptions=(reports[-1].preemptions_total - reports[0].preemptions_total)
             if reports
             else 0.0,
+            error_kinds=dict(Counter(r.error for r in done if r.error is not None)),
         )
 
     # -- the ramp ----------------------------------------------------------------------
@@ -582,6 +590,8 @@ class Ramp:
         self._deadline = started + cfg.max_seconds
         if not self.model:
             self.model = await _discover_model(self.session, cfg.target)
+        if not self.model:
+            raise EngineUnreachable(f"{cfg.target}/v1/models did not answer with a model")
         steps: list[StepResult] = []
         c = cfg.start
         stopped_by = "max_concurrency"
@@ -642,6 +652,9 @@ async def _discover_model(session: aiohttp.ClientSession, base_url: str) -> str:
 
 
 async def run_ramp(config: RampConfig) -> RampResult:
-    connector = aiohttp.TCPConnector(limit=0)
+    # one connection per request: servers that drop idle keep-alive connections (llama.cpp)
+    # would otherwise show up as failed requests, and a connect on loopback costs nothing
+    # next to an LLM request
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(connector=connector) as session:
         return await Ramp(config, session).run()

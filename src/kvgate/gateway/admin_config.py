@@ -29,6 +29,8 @@ from kvgate.configver import (
     prepare_apply,
 )
 from kvgate.configver.live import ConfigReloader, apply_quota_value
+from kvgate.forecast import attach as forecast_attach
+from kvgate.forecast.samples import SAMPLE_TTL_S, MinuteSample, store_key
 from kvgate.gateway.admin import _admin, _json_object
 from kvgate.gateway.config import ConfigError, GatewayConfig
 from kvgate.gateway.errors import ApiError
@@ -65,6 +67,7 @@ def install(app: web.Application) -> None:
 
         dynamic.capacity = capacity
     sync = _CapacitySync(gateway, book)
+    _attach_forecast(gateway)
 
     def applied(config: GatewayConfig) -> None:
         book.set_config(*_book_inputs(config))
@@ -84,6 +87,46 @@ def install(app: web.Application) -> None:
 
     app.cleanup_ctx.append(lifecycle)
     add_routes(app)
+
+
+def _attach_forecast(gateway: Any) -> None:
+    """Per-minute samples of admitted-or-not arrivals → store; the dynamic quota's forecast.
+
+    Arrivals are observed where the admission controller is asked (its ``admit``), so the
+    request path itself is untouched; the forecast changes the quota only with flag
+    ``forecast`` on.
+    """
+    admission = gateway.admission
+    dynamic = getattr(admission, "dynamic", None)
+    if dynamic is None:
+        return
+    store = gateway.store
+
+    def sink(sample: MinuteSample) -> None:
+        async def write() -> None:
+            with contextlib.suppress(Exception):
+                await store.put(store_key(sample.minute), sample.to_json(), ttl=SAMPLE_TTL_S)
+
+        with contextlib.suppress(RuntimeError):  # no running loop (shutdown)
+            asyncio.get_running_loop().create_task(write())
+
+    forecast = forecast_attach.attach(
+        dynamic,
+        gateway.flags,
+        gateway.clock.now,
+        lambda: int(gateway.config.admission.total_quota),
+        sink=sink,
+    )
+    gateway.forecast = forecast
+    admit = admission.admit
+
+    async def observed_admit(req: Any) -> Any:
+        forecast.observe_arrival(
+            gateway.clock.now(), req.tenant, req.priority_class, req.prompt_tokens, req.max_tokens
+        )
+        return await admit(req)
+
+    admission.admit = observed_admit
 
 
 class _CapacitySync:

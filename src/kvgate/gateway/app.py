@@ -31,7 +31,7 @@ def create_app(
     app[GATEWAY] = gateway
     handlers.add_routes(app)
     admin.add_routes(app)
-    guard_edges(app)
+    guard_edges(app, gateway.registry)
 
     async def lifecycle(_: web.Application) -> AsyncIterator[None]:
         await gateway.start()

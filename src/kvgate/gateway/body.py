@@ -32,6 +32,7 @@ from kvgate.gateway.errors import ApiError
 MAX_DEPTH = 64  # deeper JSON than any OpenAI body needs (tool schemas nest ~10 levels)
 MAX_INT = 2**31 - 1  # token counts beyond int32 are nonsense and overflow store counters
 ACCEPTED_ENCODINGS = ("identity", "gzip", "x-gzip", "deflate")
+AIOHTTP_DECODES = ("gzip", "deflate")  # as the whole header value
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _NUMBER = (int, float)
 
@@ -47,7 +48,7 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     if request.content_length is not None and request.content_length > limit:
         raise _too_large(limit, request.content_length)
     try:
-        raw = await request.content.read(limit + 1) if encodings else await request.read()
+        raw = await _read_raw(request, limit) if encodings else await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise _too_large(limit) from None
     except web.HTTPException:
@@ -66,6 +67,18 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     return raw
 
 
+async def _read_raw(request: web.Request, limit: int) -> bytes:
+    """The undecoded body, stopping as soon as it is over ``limit``."""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await request.content.read(65536):
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).replace("400, message:", "").strip()
     return text.splitlines()[0].strip() if text else type(exc).__name__
@@ -79,9 +92,9 @@ def _too_large(limit: int, size: int | None = None) -> ApiError:
 def _content_encodings(request: web.Request) -> list[str]:
     """The codings to undo, outermost last (RFC 9110 lists them in the order applied).
 
-    aiohttp already decodes gzip/deflate/br bodies itself when it sees the header; then
-    ``request.content`` yields decoded bytes and nothing is left to do here. Only codings
-    aiohttp left alone (it does not decode a list of several) are handled by hand.
+    aiohttp decodes a body whose header is exactly one of gzip/deflate itself (then
+    ``request.content`` yields decoded bytes); every other accepted form (``x-gzip``, a
+    list such as ``gzip, identity``) is decoded here.
     """
     header = request.headers.get("Content-Encoding", "")
     names = [n.strip().lower() for n in header.split(",") if n.strip()]
@@ -93,8 +106,8 @@ def _content_encodings(request: web.Request) -> list[str]:
                 param="Content-Encoding",
                 status=415,
             )
-    if len(names) <= 1:
-        return []  # none, identity, or one coding that aiohttp decoded while reading
+    if header.strip().lower() in AIOHTTP_DECODES:
+        return []
     return [n for n in names if n != "identity"]
 
 

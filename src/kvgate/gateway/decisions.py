@@ -287,11 +287,15 @@ class MergedMetrics(Collector):
         return []
 
 
-def merge_gateway_metrics(registry: CollectorRegistry, metrics: Any, merged: MergedMetrics) -> None:
-    """Move the owner's GatewayMetrics behind ``merged`` so one family covers all processes."""
+def merge_gateway_metrics(
+    registry: CollectorRegistry, metrics: Any, merged: MergedMetrics, *extra: Any
+) -> None:
+    """Move the owner's data-plane metrics (GatewayMetrics and ``extra`` collectors, which
+    the workers also count) behind ``merged``, so one family covers all processes."""
     local = CollectorRegistry()
-    for value in vars(metrics).values():
-        if hasattr(value, "collect") and not isinstance(value, CollectorRegistry):
+    collectors = [v for v in vars(metrics).values() if hasattr(v, "collect")]
+    for value in [*collectors, *extra]:
+        if not isinstance(value, CollectorRegistry):
             registry.unregister(value)
             local.register(value)
     merged.local = local

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import weakref
 import zlib
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
@@ -196,29 +195,13 @@ def classify_exception(exc: BaseException) -> tuple[str, int]:
     return "internal", 500
 
 
-_UNEXPECTED: weakref.WeakKeyDictionary[CollectorRegistry, Counter] = weakref.WeakKeyDictionary()
+UNEXPECTED_ERRORS: web.AppKey[Counter] = web.AppKey("kvgate_unexpected_errors", Counter)
 
 
 def _count_unexpected(request: web.Request, kind: str) -> None:
-    from kvgate.gateway.app import GATEWAY  # the app module imports this one
-
-    gateway = request.app.get(GATEWAY)
-    registry = getattr(gateway, "registry", None)
-    if isinstance(registry, CollectorRegistry):
-        _unexpected_counter(registry).labels(kind).inc()
-
-
-def _unexpected_counter(registry: CollectorRegistry) -> Counter:
-    counter = _UNEXPECTED.get(registry)
-    if counter is None:
-        counter = _UNEXPECTED[registry] = Counter(
-            "kvgate_unexpected_errors",
-            "Exceptions no handler turned into an API error, by kind "
-            "(client_input → 400, upstream → 502, store_unavailable → 503, internal → 500)",
-            ["kind"],
-            registry=registry,
-        )
-    return counter
+    counter = request.app.get(UNEXPECTED_ERRORS)
+    if counter is not None:
+        counter.labels(kind).inc()
 
 
 async def expect_handler(request: web.Request) -> web.StreamResponse | None:
@@ -290,18 +273,21 @@ class _Unrouted(web.AbstractResource):
         return iter([self._route])
 
 
-def guard_edges(app: web.Application) -> None:
+def guard_edges(app: web.Application, registry: CollectorRegistry) -> None:
     """Call after all routes are added. Every route answers an odd ``Expect`` header with
     an OpenAI-style 417, and a request no route takes is answered by a last resource
     inside the middlewares (aiohttp runs the expect handler before any middleware, and
-    its default one fails with a 500 on a non-UTF-8 value)."""
+    its default one fails with a 500 on a non-UTF-8 value). Also registers
+    ``kvgate_unexpected_errors_total`` (see ``unexpected_error_response``)."""
     for route in app.router.routes():
         route._expect_handler = expect_handler  # type: ignore[attr-defined]  # no public setter
-    from kvgate.gateway.app import GATEWAY
-
-    registry = getattr(app.get(GATEWAY), "registry", None)
-    if isinstance(registry, CollectorRegistry):
-        _unexpected_counter(registry)  # exported from the start, at 0
+    app[UNEXPECTED_ERRORS] = Counter(
+        "kvgate_unexpected_errors",
+        "Exceptions no handler turned into an API error, by kind "
+        "(client_input → 400, upstream → 502, store_unavailable → 503, internal → 500)",
+        ["kind"],
+        registry=registry,
+    )
     unrouted = _Unrouted()
     app.router.register_resource(unrouted)
     unrouted.indexed_as_root = False  # from here on it reports itself as "unmatched"

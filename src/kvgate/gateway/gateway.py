@@ -13,7 +13,6 @@ from collections.abc import Coroutine
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from kvgate.admission.controller import AdmissionController
@@ -21,6 +20,7 @@ from kvgate.admission.jobs import JobStore
 from kvgate.admission.tenants import TenantDirectory
 from kvgate.clock import Clock, SystemClock
 from kvgate.flags import Flags
+from kvgate.gateway.appkey import GATEWAY
 from kvgate.gateway.config import GatewayConfig
 from kvgate.gateway.metrics import GatewayMetrics
 from kvgate.gateway.proxy import Proxy
@@ -38,8 +38,6 @@ from kvgate.types import NodeSpec
 log = logging.getLogger("kvgate.gateway")
 
 PROBE_POLL_S = 0.25  # how often the probe loop looks for ejections that ended
-
-GATEWAY: web.AppKey[Gateway] = web.AppKey("kvgate_gateway")
 
 
 class Gateway:
@@ -229,9 +227,15 @@ class Gateway:
         try:
             async with self.session.get(url + "/health", timeout=timeout) as resp:
                 ok = resp.status == 200
-        except (aiohttp.ClientError, TimeoutError, OSError):
+        except Exception:  # any failure is a failed probe (never a node stuck "probing")
             ok = False
-        self.pipeline.probe_result(node_id, ok)
+        finally:
+            self.pipeline.probe_result(node_id, ok)
+        spec = self.specs.get(node_id)
+        if ok and spec is not None and self.scraper is not None and self._is_pulled(node_id):
+            # a fresh report at once: failed scrapes may have marked it unreachable, and
+            # it should not wait for the next scrape round to take traffic again
+            await self.scraper.scrape_node(spec)
 
     async def stop(self) -> None:
         for task in list(self._background):
@@ -249,3 +253,6 @@ class Gateway:
             await self.session.close()
         if self._owns_store:
             await self.store.close()
+
+
+__all__ = ["GATEWAY", "Gateway"]

@@ -240,6 +240,7 @@ async def _generate(
             max_tokens=client_bound,
             wants_async=wants_async,
             model=model,
+            stream=body.get("stream") is True,
         ),
         priority_min=tenant.priority_min,
         wants_async=wants_async,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -11,6 +12,8 @@ from aiohttp import web
 
 from kvgate.gateway.errors import Handler
 from kvgate.gateway.gateway import GATEWAY
+
+CLIENT_CLOSED = 499  # nginx's code for "the client closed the request", in logs and metrics
 
 access_log = logging.getLogger("kvgate.gateway.access")
 
@@ -57,6 +60,9 @@ async def access_middleware(request: web.Request, handler: Handler) -> web.Strea
         response = await handler(request)
         status = response.status
         return response
+    except asyncio.CancelledError:  # the client left (handler cancellation)
+        status = CLIENT_CLOSED
+        raise
     finally:
         metrics.inflight.dec()
         elapsed = time.perf_counter() - started

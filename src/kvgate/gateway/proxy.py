@@ -166,6 +166,8 @@ class Proxy:
         self.probe_timeout_s = probe_timeout_s
         self.progress_batch_tokens = progress_batch_tokens
         self.pool = UpstreamPool(connect_timeout_s=session.timeout.sock_connect or 3.0)
+        # one health check per engine at a time, shared by every attempt waiting on it
+        self._health: dict[str, tuple[float, asyncio.Future[bool]]] = {}
 
     async def forward(self, call: Call, request: web.Request | None) -> web.StreamResponse:
         """Dispatch with retries; ``request`` is None for background (async job) calls."""
@@ -299,6 +301,14 @@ class Proxy:
 
     async def _alive(self, base: str) -> bool:
         """Whether the engine still answers its health check (busy is fine, hung is not)."""
+        now = time.monotonic()
+        shared = self._health.get(base)
+        if shared is None or now - shared[0] > self.probe_timeout_s:
+            shared = (now, asyncio.ensure_future(self._health_check(base)))
+            self._health[base] = shared
+        return await asyncio.shield(shared[1])
+
+    async def _health_check(self, base: str) -> bool:
         timeout = aiohttp.ClientTimeout(total=self.probe_timeout_s)
         try:
             async with self.session.get(base + "/health", timeout=timeout) as resp:

@@ -29,9 +29,9 @@ from kvgate.admission.tenants import TenantDirectory
 from kvgate.clock import SystemClock
 from kvgate.flags import Flags
 from kvgate.gateway import handlers
+from kvgate.gateway.appkey import GATEWAY
 from kvgate.gateway.config import GatewayConfig, parse_config
 from kvgate.gateway.errors import error_middleware, guard_edges
-from kvgate.gateway.gateway import GATEWAY
 from kvgate.gateway.ipc import DecisionClient
 from kvgate.gateway.logs import access_middleware
 from kvgate.gateway.metrics import GatewayMetrics
@@ -170,7 +170,7 @@ def create_worker_app(config: GatewayConfig, owner_http: str, owner_ipc: str) ->
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_route("*", "/{tail:.*}", to_owner)
-    guard_edges(app)
+    guard_edges(app, worker.registry)
 
     async def lifecycle(_: web.Application) -> AsyncIterator[None]:
         await worker.start()

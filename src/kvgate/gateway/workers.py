@@ -22,8 +22,9 @@ from typing import Any
 
 from aiohttp import web
 
-from kvgate.gateway.app import GATEWAY
+from kvgate.gateway.appkey import GATEWAY
 from kvgate.gateway.decisions import DecisionOwner, merge_gateway_metrics
+from kvgate.gateway.errors import UNEXPECTED_ERRORS
 from kvgate.gateway.worker import reuseport_socket
 
 
@@ -53,7 +54,13 @@ class WorkerSet:
         self._reserved: socket.socket | None = None
         gateway = app[GATEWAY]
         self.owner = DecisionOwner(gateway)
-        merge_gateway_metrics(gateway.registry, gateway.metrics, self.owner.worker_metrics)
+        unexpected = app.get(UNEXPECTED_ERRORS)
+        merge_gateway_metrics(
+            gateway.registry,
+            gateway.metrics,
+            self.owner.worker_metrics,
+            *([unexpected] if unexpected is not None else []),
+        )
 
     async def start(self, ready_timeout: float = 30.0) -> int:
         root = Path(self._tmp.name)

@@ -129,21 +129,3 @@ class KvEventHub:
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
-
-    # -- observability -----------------------------------------------------------------
-    def lag_quantile(self, q: float) -> float | None:
-        lags = sorted(lag for s in self.subscribers.values() for lag in s.lags)
-        if not lags:
-            return None
-        return lags[min(len(lags) - 1, int(q * len(lags)))]
-
-    def snapshot(self) -> dict[str, object]:
-        return {
-            node_id: {
-                "synced": self.index.is_synced(node_id),
-                "blocks": self.index.state(node_id).blocks,
-                "next_seq": sub.next_seq,
-                "applied": sub.applied,
-            }
-            for node_id, sub in self.subscribers.items()
-        }

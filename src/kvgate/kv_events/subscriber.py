@@ -173,7 +173,7 @@ class KvEventSubscriber:
 
     def _apply(self, seq: int, payload: bytes) -> None:
         try:
-            batch = decode_batch(payload)
+            batch = decode_batch(payload, token_ids=self.rehasher is not None)
         except WireError as exc:
             log.warning("kv events from %s: bad batch %d: %s", self.node_id, seq, exc)
             self.metrics.decode_errors.labels(self.node_id).inc()

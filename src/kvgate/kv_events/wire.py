@@ -194,7 +194,76 @@ def _decode_event(raw: Any) -> KVEvent | None:
     raise WireError("an event must be a tagged array or a tagged map")
 
 
-def decode_batch(payload: bytes) -> KVEventBatch:
+# Typed fast path for the array layout: msgspec checks the shape in C and leaves each
+# event's token ids undecoded (``Raw``) unless asked for. Trailing fields added by newer
+# releases are ignored; anything else (map layout, unknown event types) takes the
+# tolerant generic path below.
+
+_Hash = int | bytes
+
+
+class _InEvent(msgspec.Struct, array_like=True, gc=False, tag=True):
+    pass
+
+
+class _InStored(_InEvent, tag="BlockStored"):
+    block_hashes: list[_Hash]
+    parent_block_hash: _Hash | None
+    token_ids: msgspec.Raw = msgspec.Raw(b"\x90")
+    block_size: int = 0
+    lora_id: int | None = None
+    medium: str | None = None
+
+
+class _InRemoved(_InEvent, tag="BlockRemoved"):
+    block_hashes: list[_Hash]
+    medium: str | None = None
+
+
+class _InCleared(_InEvent, tag="AllBlocksCleared"):
+    pass
+
+
+class _InBatch(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: list[_InStored | _InRemoved | _InCleared]
+    data_parallel_rank: int | None = None
+
+
+_typed = msgspec.msgpack.Decoder(_InBatch)
+_token_list = msgspec.msgpack.Decoder(list[int])
+
+
+def _fast(batch: _InBatch, token_ids: bool) -> KVEventBatch:
+    events: list[KVEvent] = []
+    for ev in batch.events:
+        if isinstance(ev, _InStored):
+            tokens = _token_list.decode(ev.token_ids) if token_ids else []
+            parent = ev.parent_block_hash
+            events.append(
+                BlockStored(
+                    [h & _MASK64 if type(h) is int else hash_to_int(h) for h in ev.block_hashes],
+                    None if parent is None else hash_to_int(parent),
+                    tokens,
+                    ev.block_size,
+                    ev.lora_id,
+                    ev.medium,
+                )
+            )
+        elif isinstance(ev, _InRemoved):
+            events.append(BlockRemoved([hash_to_int(h) for h in ev.block_hashes], ev.medium))
+        else:
+            events.append(AllBlocksCleared())
+    return KVEventBatch(batch.ts, events, batch.data_parallel_rank)
+
+
+def decode_batch(payload: bytes, *, token_ids: bool = True) -> KVEventBatch:
+    """One batch; ``token_ids=False`` skips decoding the blocks' token ids (a gateway that
+    indexes the engine's own hashes never reads them)."""
+    try:
+        return _fast(_typed.decode(payload), token_ids)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        pass  # the map layout, an unknown event type, or not a batch at all
     try:
         raw = _decoder.decode(payload)
     except msgspec.DecodeError as exc:

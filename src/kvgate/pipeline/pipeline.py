@@ -139,6 +139,8 @@ class RequestPipeline:
             enabled=lambda: self.flags["outlier_detection"],
             registry=registry,
         )
+        self._pools: frozenset[str] | None = None  # node pools, re-read when nodes change
+        router.nodes.subscribe(on_add=self._nodes_changed, on_remove=self._nodes_changed)
 
     # -- admission -----------------------------------------------------------------------
     def start(
@@ -186,7 +188,12 @@ class RequestPipeline:
         flow.run_async = flow.wants_async or mode == "async"
 
     def _has_pool(self, pool: str) -> bool:
-        return any(e.spec.pool == pool for e in self.router.nodes.list())
+        if self._pools is None:
+            self._pools = frozenset(e.spec.pool for e in self.router.nodes.entries())
+        return pool in self._pools
+
+    def _nodes_changed(self, node_id: str) -> None:
+        self._pools = None
 
     # -- attempts ------------------------------------------------------------------------
     def next_attempt(self, flow: Flow) -> RouteDecision:

@@ -70,6 +70,7 @@ def write_report(
     node_load: Mapping[str, Mapping[str, Sequence[tuple[float, float]]]] | None = None,
     hit_rate: Mapping[str, Mapping[str, Sequence[tuple[float, float]]]] | None = None,
     baseline: str | None = None,
+    quota: Mapping[str, Mapping[str, Sequence[tuple[float, float]]]] | None = None,
 ) -> list[Path]:
     """Write results.json, results.csv, requests.csv, report.md and plots; return paths."""
     out = Path(out_dir)
@@ -111,6 +112,10 @@ def write_report(
         _plot_series(out / "hit_rate.png", hit_rate, "token hit rate")
         written.append(out / "hit_rate.png")
         md.append("![hit rate over time](hit_rate.png)")
+    if quota:
+        _plot_series(out / "quota.png", quota, "runtime tokens")
+        written.append(out / "quota.png")
+        md.append("![quota total vs use over time](quota.png)")
     (out / "report.md").write_text("\n".join(md) + "\n")
     written.append(out / "report.md")
     return written

@@ -22,6 +22,7 @@ from kvgate.clock import Clock
 from kvgate.report_window import ReportWindow
 from kvgate.routing.cold_boost import cold_boost
 from kvgate.routing.config import RoutingConfig
+from kvgate.routing.load_score import load_score
 from kvgate.types import NodeReport, NodeSpec, NodeState
 
 
@@ -252,18 +253,12 @@ class NodeView:
         return cold_boost(self.clock.now() - entry.registered_at, self.config.warmup_s)
 
     def _recompute_load(self, entry: NodeEntry) -> None:
-        cfg = self.config
-        report = entry.report
-        running = report.running if report else 0.0
-        waiting = report.waiting if report else 0.0
-        kv = report.kv_usage if report else 0.0
-        # The ledger makes load rise at dispatch, before the engine's next report shows it.
-        requests = max(running + waiting + len(entry.unreported), entry.inflight_requests)
-        entry.load = (
-            requests
-            + (cfg.waiting_weight - 1.0) * waiting
-            + entry.inflight_tokens / cfg.tokens_per_load_unit
-            + cfg.kv_usage_weight * kv
+        entry.load = load_score(
+            entry.report,
+            unreported=len(entry.unreported),
+            inflight_requests=entry.inflight_requests,
+            inflight_tokens=entry.inflight_tokens,
+            config=self.config,
         )
 
     # -- in-flight ledger ----------------------------------------------------------------

@@ -60,6 +60,7 @@ class OutlierDetector:
         self.config = config or OutlierConfig()
         self._enabled = enabled
         self._nodes: dict[str, _NodeHealth] = {}
+        self._out: frozenset[str] = frozenset()  # nodes out of rotation (kept current)
         self.ejections_total = Counter(
             "kvgate_outlier_ejections",
             "Nodes taken out of rotation by passive failure detection, by node and reason",
@@ -78,9 +79,7 @@ class OutlierDetector:
     # -- what routing may use -------------------------------------------------------
     def ejected(self) -> frozenset[str]:
         """Nodes out of rotation now (ejected, or waiting for a successful probe)."""
-        if not self._enabled():
-            return frozenset()
-        return frozenset(n for n, h in self._nodes.items() if h.ejected_until is not None)
+        return self._out if self._out and self._enabled() else frozenset()
 
     def state(self, node_id: str, now: float) -> str | None:
         h = self._nodes.get(node_id)
@@ -119,10 +118,12 @@ class OutlierDetector:
         h.ejections += 1
         span = min(self.config.max_ejection_s, self.config.base_ejection_s * 2 ** (h.ejections - 1))
         h.ejected_until = now + span
+        self._out = self._out | {node_id}
         h.reason = reason
         h.probing = False
         h.connect_failures = h.http_failures = 0
-        log.warning(
+        log.log(
+            logging.WARNING if h.ejections == 1 else logging.DEBUG,  # later: failed probes
             "node %s ejected (%s, ejection #%d): next probe in %.1fs",
             node_id,
             reason,
@@ -156,11 +157,13 @@ class OutlierDetector:
         if ok:
             log.warning("node %s passed its probe: back in rotation", node_id)
             h.ejected_until, h.probing, h.ejections, h.reason = None, False, 0, ""
+            self._out = self._out - {node_id}
         else:
             self._eject(node_id, h, h.reason or "probe", now)
 
     def forget(self, node_id: str) -> None:
         self._nodes.pop(node_id, None)
+        self._out = self._out - {node_id}
 
     def snapshot(self, now: float) -> dict[str, dict[str, object]]:
         return {

@@ -178,11 +178,26 @@ class Router:
             "kvgate_cold_boost", "Cold-node routing boost (1 → 0 over warmup_s)", labels=["node"]
         )
         load = GaugeMetricFamily("kvgate_node_load", "Routing load score", labels=["node"])
+        queue = GaugeMetricFamily(
+            "kvgate_prefill_queue_seconds",
+            "Predicted prefill queueing delay of a request dispatched now",
+            labels=["node"],
+        )
+        prefixes = GaugeMetricFamily(
+            "kvgate_node_prefixes",
+            "Live route keys (prefixes) last placed on the node",
+            labels=["node"],
+        )
+        now = self.clock.now()
         for e in entries:
             boost.add_metric([e.node_id], self._boost(e.node_id))
             load.add_metric([e.node_id], e.load)
+            queue.add_metric([e.node_id], self.queue.delay(e.node_id, now))
+            prefixes.add_metric([e.node_id], float(self.placements.count(e.node_id)))
         yield boost
         yield load
+        yield queue
+        yield prefixes
         demoted = GaugeMetricFamily("kvgate_demoted_pairs", "(node, prefix) pairs demoted now")
         demoted.add_metric([], float(self.feedback.demoted_count()))
         yield demoted
@@ -211,6 +226,7 @@ class Router:
                 "actual_cached_tokens": totals.actual_cached_tokens if totals else 0,
                 "demotions": totals.demotions if totals else 0,
                 "cold_boost": round(self._boost(e.node_id), 4),
+                "prefill_queue_s": round(self.queue.delay(e.node_id, self.clock.now()), 4),
             }
         stats = self.index.stats()
         return {

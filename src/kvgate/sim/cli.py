@@ -138,6 +138,11 @@ def run(args: argparse.Namespace) -> int:
             meta=meta,
             node_load={n: r.node_load for n, r in results.items()},
             hit_rate={n: r.hit_rate for n, r in results.items()},
+            quota={
+                n: r.summary["quota_series"]
+                for n, r in results.items()
+                if "quota_series" in r.summary
+            },
             baseline=policies[0],
         )
     if args.json:
@@ -145,6 +150,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(markdown_table(summaries, baseline=policies[0]))
         print(f"\n{len(policies)} policies x {len(workload.items)} requests in {wall:.1f} s wall")
+        for name, summary in summaries.items():  # kvgate.forecast, with admission on
+            if summary.get("forecast_mape_pct") is not None:
+                print(f"{name}: forecast MAPE {summary['forecast_mape_pct']:.1f}%")
         if args.out is not None:
             print(f"report: {args.out / 'report.md'}")
     lost = sum(r.summary["lost"] for r in results.values())

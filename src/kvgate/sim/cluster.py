@@ -32,7 +32,7 @@ from kvgate.adapters.base import (
     Observation,
 )
 from kvgate.adapters.sim import SimAdapter
-from kvgate.admission.config import AdmissionConfig, DegradeConfig, TenantConfig
+from kvgate.admission.config import AdmissionConfig, DegradeConfig, QueueConfig, TenantConfig
 from kvgate.admission.core import AdmissionCore
 from kvgate.admission.dynamic_quota import DynamicQuota
 from kvgate.admission.queue import QueuedRequest
@@ -41,6 +41,7 @@ from kvgate.engine.core import EngineCore
 from kvgate.engine.profiles import get_profile
 from kvgate.engine.request import EngineRequest, EventKind
 from kvgate.flags import Flags
+from kvgate.forecast import attach as forecast_attach
 from kvgate.pipeline import (
     Failure,
     Flow,
@@ -55,6 +56,7 @@ from kvgate.pipeline import (
 from kvgate.pipeline.outcomes import admission_summary, reject_status
 from kvgate.pipeline.virtual import VirtualAdmission
 from kvgate.report import RequestRecord, summarize
+from kvgate.report.summary import DEFAULT_CLASS_SLOS
 from kvgate.routing.config import RoutingConfig
 from kvgate.routing.node_view import NodeView
 from kvgate.routing.policies import register_policy
@@ -83,6 +85,10 @@ class SimConfig:
     sample_interval_s: float = 5.0
     slo_ttft_s: float = 2.0
     class_slos: dict[str, float] | None = None  # per class TTFT SLO for goodput
+    # queued work waits at most this fraction of its class's TTFT SLO (None: the queue's
+    # default deadline): past it, it could no longer meet the SLO
+    queue_deadline_slo_fraction: float | None = 0.25
+    overcommit: float = 1.0  # admission's explicit over-admission ratio
     max_retries: int = 2
     events: list[ClusterEvent] = field(default_factory=list)
     flags: dict[str, bool] = field(default_factory=dict)
@@ -155,6 +161,12 @@ class ClusterSim:
         self._quota_steps = 0
         virtual: VirtualAdmission | None = None
         economy_pool = "economy"
+        # total vs use over time: quota total, reserved and held runtime tokens
+        self._quota_series: dict[str, list[tuple[float, float]]] = {
+            "total": [],
+            "reserved": [],
+            "held (KV)": [],
+        }
         if config.admission:
             self.admission = self._admission_core()
             economy_pool = self.admission.config.degrade.economy_pool
@@ -174,6 +186,7 @@ class ClusterSim:
             registry=self.registry,
         )
         self._probe_at: float | None = None
+        self.forecast = forecast_attach.sim_forecast(self)  # kvgate.forecast (flag forecast)
         self.cache = PromptCache()
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = itertools.count()
@@ -230,14 +243,23 @@ class ClusterSim:
             tenants = [
                 TenantConfig(
                     name=name,
-                    guaranteed=int(total * float(hint.get("guaranteed_fraction", 0.0))),
+                    guaranteed_fraction=float(hint.get("guaranteed_fraction", 0.0)),
                     weight=float(hint.get("weight", 1.0)),
                 )
                 for name, hint in sorted(self.workload.tenants.items())
             ]
             modes: dict[str, Any] = dict(self.config.degrade_modes)
+            queue = QueueConfig()
+            fraction = self.config.queue_deadline_slo_fraction
+            if fraction is not None:
+                slos = self.config.class_slos or dict(DEFAULT_CLASS_SLOS)
+                queue.class_deadlines_s = {c: fraction * slo for c, slo in slos.items()}
             cfg = AdmissionConfig(
-                total_quota=total, tenants=tenants, degrade=DegradeConfig(modes=modes)
+                total_quota=total,
+                tenants=tenants,
+                degrade=DegradeConfig(modes=modes),
+                queue=queue,
+                overcommit=self.config.overcommit,
             )
         return AdmissionCore(
             cfg,
@@ -277,6 +299,9 @@ class ClusterSim:
             if ev.kind == EventKind.FIRST_TOKEN:
                 live.first_token = ev.time
                 live.cached = ev.cached_tokens
+                run_now(self.pipeline.progress(live.flow, 1))
+                if self.forecast is not None:
+                    self.forecast.observe_hit(ev.time, live.prompt.prompt_tokens, ev.cached_tokens)
             elif ev.kind == EventKind.FINISHED:
                 self._finish(live, ev.time, ev.count)
             elif ev.kind == EventKind.FAILED:
@@ -319,6 +344,7 @@ class ClusterSim:
                 item.priority_class,
                 prompt.prompt_tokens,
                 item.max_tokens,
+                stream=True,  # the engine model reports each first token
             )
         flow = self.pipeline.start(rreq, areq, priority_min=self._priority_min(item.tenant))
         live = _Live(item, prompt, flow, record)
@@ -327,6 +353,10 @@ class ClusterSim:
             self.pipeline.accept(flow, None)
             self._dispatch(live, now)
             return
+        if self.forecast is not None:
+            self.forecast.observe_arrival(
+                now, item.tenant, item.priority_class, prompt.prompt_tokens, item.max_tokens
+            )
         result = run_now(self.pipeline.admit(flow))
         record.admission = admission_summary(result)
         if result.kind == AdmissionKind.ADMIT:
@@ -510,6 +540,13 @@ class ClusterSim:
                 else float(len(engine.scheduler.running) + len(engine.scheduler.waiting))
             )
             self._node_load.setdefault(node_id, []).append((now, load))
+        if self.admission is not None:
+            self._quota_series["total"].append((now, float(self.admission.total)))
+            self._quota_series["reserved"].append(
+                (now, float(self.admission.ledger.reserved_total))
+            )
+            held = self.admission.ledger.held_total - self.admission.ledger.queued_prefill
+            self._quota_series["held (KV)"].append((now, float(held)))
         prompt, cached = self._window_tokens
         if prompt:
             self._hit_series.append((now, cached / prompt))
@@ -597,6 +634,20 @@ class ClusterSim:
         if self.admission is not None:
             summary["quota_total_final"] = self.admission.total
             summary["quota_adjustments"] = self._quota_steps
+            summary["quota_series"] = self._quota_series
+            claims = {"honoured": 0.0, "refused": 0.0}
+            for metric in self.admission.metrics.guarantee_claims.collect():
+                for sample in metric.samples:
+                    if sample.name.endswith("_total"):
+                        claims[sample.labels["outcome"]] += sample.value
+            asked = claims["honoured"] + claims["refused"]
+            summary["guarantees_honoured"] = claims["honoured"] / asked if asked else None
+            if self.dynamic_quota is not None:
+                summary["quota_steps"] = [
+                    (s.at, s.total, s.direction, s.pressure) for s in self.dynamic_quota.history
+                ]
+        if self.forecast is not None:
+            summary.update(forecast_attach.summary(self.forecast))
         summary["kv_blocks_per_node"] = self.engines[
             next(iter(self.engines))
         ].profile.num_gpu_blocks

@@ -41,9 +41,6 @@ class KvEventFeed:
         # An empty engine's stream is complete from its first event: synced at once.
         self.index.apply(node_id, KVEventBatch(engine.now, []), engine.now)
 
-    def detach(self, node_id: str) -> None:
-        self._engines.pop(node_id, None)
-
     def collect(self, now: float) -> None:
         for node_id, engine in self._engines.items():
             raw = engine.scheduler.kv.pool.drain_events()

@@ -9,6 +9,7 @@ from typing import Any
 
 from kvgate.tokens import synthetic_text
 from kvgate.workloads.base import WorkItem, Workload
+from kvgate.workloads.daily import ENTRY as DAILY
 
 Generator = Callable[[random.Random, dict[str, Any]], tuple[list[WorkItem], dict[str, Any]]]
 
@@ -314,6 +315,7 @@ WORKLOADS: dict[str, tuple[Generator, dict[str, Any], str]] = {
         "Zipf-skewed prefix popularity",
     ),
 }
+WORKLOADS["daily"] = DAILY
 WORKLOAD_NAMES = tuple(WORKLOADS)
 
 

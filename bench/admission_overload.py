@@ -1,0 +1,142 @@
+"""Admission under overload: goodput with admission off, static totals, and the dynamic quota.
+
+Runs the cluster simulator (``kvgate sim``'s engine) on the ``overload`` workload at a
+multiple of capacity: admission off; admission on with a sweep of static totals; and
+admission on with the dynamic quota started from deliberately bad totals (a fraction
+and a multiple of the best static total). Prints one Markdown table and writes JSON and
+a PNG of each dynamic run's total vs use over time into ``--out``.
+
+    .venv/bin/python bench/admission_overload.py --rate 96 --requests 30000 --out /tmp/ovl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from kvgate.sim.cluster import ClusterSim, SimConfig
+from kvgate.workloads import generate_workload
+
+
+def run(
+    workload: Any, args: argparse.Namespace, total: int | None, dynamic: bool
+) -> dict[str, Any]:
+    config = SimConfig(
+        nodes=args.nodes,
+        admission=total is not None,
+        total_quota=total,
+        seed=args.seed,
+        flags={"dynamic_quota": dynamic},
+        degrade_modes={"batch": "low_priority"},
+    )
+    started = time.perf_counter()
+    summary = ClusterSim(workload, config, "hybrid").run().summary
+    summary["wall_s"] = time.perf_counter() - started
+    return summary
+
+
+def periods_to_reach(summary: dict[str, Any], target: int, tolerance: float) -> int | None:
+    """The first quota period after which the total stays within ±tolerance of target."""
+    steps = summary.get("quota_steps") or []
+    totals = [summary["quota_series"]["total"][0][1]] + [s[1] for s in steps]
+    for k in range(len(totals)):
+        if all(abs(t - target) <= tolerance * target for t in totals[k:]):
+            return k
+    return None
+
+
+def row(name: str, s: dict[str, Any], extra: str = "–", reached: str = "–") -> str:
+    p99 = s["ttft_p99_s_by_class"]
+    honoured = s.get("guarantees_honoured")
+    return (
+        f"| {name} | {s['goodput_tokens_per_s']:,.0f} | {s['output_tokens_per_s']:,.0f} "
+        f"| {p99.get('interactive', float('nan')):.2f} | {p99.get('batch', float('nan')):.2f} "
+        f"| {'–' if honoured is None else f'{100 * honoured:.1f}%'} | {s['rejected']:,} "
+        f"| {s['lost']} | {extra} | {reached} |"
+    )
+
+
+def plot(path: Path, runs: dict[str, dict[str, Any]], best: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(runs), 1, figsize=(7, 2.8 * len(runs)), squeeze=False)
+    for ax, (name, s) in zip(axes[:, 0], runs.items(), strict=True):
+        for label, points in s["quota_series"].items():
+            ax.plot([p[0] for p in points], [p[1] / 1000 for p in points], label=label, lw=1)
+        ax.axhline(best / 1000, color="grey", ls=":", lw=1, label="best static")
+        ax.set_title(name)
+        ax.set_ylabel("k runtime tokens")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[-1, 0].set_xlabel("virtual time (s)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=float, default=96.0, help="overload --rate (x2 arrivals)")
+    parser.add_argument("--requests", type=int, default=30000)
+    parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--totals", default="150000,250000,300000,350000,400000,450000,500000,600000"
+    )
+    parser.add_argument("--out", type=Path, default=Path("bench-overload"))
+    parser.add_argument(
+        "--reuse", type=Path, default=None, help="take admission-off and static rows from here"
+    )
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    workload = generate_workload("overload", seed=args.seed, requests=args.requests, rate=args.rate)
+    results: dict[str, dict[str, Any]] = {}
+    static: dict[int, dict[str, Any]] = {}
+    old = json.loads((args.reuse / "results.json").read_text()) if args.reuse else {}
+    results["admission off"] = old.get("admission off") or run(workload, args, None, False)
+    for total in (int(t) for t in args.totals.split(",")):
+        static[total] = old.get(f"static {total:,}") or run(workload, args, total, False)
+        results[f"static {total:,}"] = static[total]
+        print(f"static {total}: goodput {static[total]['goodput_tokens_per_s']:.0f}", flush=True)
+    best = max(static, key=lambda t: static[t]["goodput_tokens_per_s"])
+    dynamic: dict[str, dict[str, Any]] = {}
+    for factor in (0.3, 3.0):
+        name = f"dynamic from {factor}x ({int(best * factor):,})"
+        dynamic[name] = run(workload, args, int(best * factor), True)
+        results[name] = dynamic[name]
+    best_goodput = static[best]["goodput_tokens_per_s"]
+    lines = [
+        f"best static total: {best:,} (goodput {best_goodput:,.0f} tok/s)",
+        "",
+        "| run | goodput tok/s | out tok/s | interactive TTFT p99 (s) | batch TTFT p99 (s) "
+        "| guarantees honoured | rejected | lost | goodput vs best static | periods to ±10% |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, s in results.items():
+        ratio = f"{s['goodput_tokens_per_s'] / best_goodput:.2f}x"
+        reached = "–"
+        if name in dynamic:
+            k = periods_to_reach(s, best, 0.10)
+            reached = "never" if k is None else str(k)
+            steps = " → ".join(f"{t / 1000:.0f}k" for _, t, _, _ in s["quota_steps"])
+            lines.append(row(name, s, ratio, reached))
+            lines.append(f"| &nbsp;&nbsp;totals per period | {steps} |||||||||")
+            continue
+        lines.append(row(name, s, ratio, reached))
+    table = "\n".join(lines)
+    print(table)
+    (args.out / "table.md").write_text(table + "\n")
+    slim = {n: {k: v for k, v in s.items() if k != "quota_series"} for n, s in results.items()}
+    (args.out / "results.json").write_text(json.dumps(slim, indent=2, default=str))
+    plot(args.out / "dynamic_quota.png", dynamic, best)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

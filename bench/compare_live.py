@@ -39,35 +39,12 @@ import yaml
 
 from kvgate.engine.profiles import get_profile
 from kvgate.loadgen.cli import bench_once, parse_params, summarize_result
+from kvgate.procs import wait_for_ports
 from kvgate.report.records import RequestRecord
 from kvgate.report.summary import markdown_table
 from kvgate.report.writers import write_report
 from kvgate.workloads import WORKLOAD_NAMES, generate_workload
 from kvgate.workloads.catalog import LOADS, load_params
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
-
-
-def _wait_port_file(
-    proc: subprocess.Popen[bytes], port_file: Path, count: int, log: Path, timeout: float = 60.0
-) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args!r} exited {proc.returncode}:\n{log.read_text()}")
-        text = port_file.read_text().split() if port_file.exists() else []
-        if len(text) >= count:
-            ports = [int(p) for p in text]
-            if all(_healthy(f"http://127.0.0.1:{p}") for p in ports):
-                return ports
-        time.sleep(0.05)
-    raise RuntimeError(f"{proc.args!r} not ready in {timeout}s:\n{log.read_text()}")
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -95,7 +72,7 @@ def start_engines(
     with log.open("wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
     try:
-        ports = _wait_port_file(proc, port_file, args.engines, log)
+        ports = wait_for_ports(proc, port_file, args.engines, log, name="engine-sim", timeout=60)
     except BaseException:
         _stop(proc)
         raise
@@ -127,7 +104,7 @@ def start_gateway(
     with log.open("wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
     try:
-        (port,) = _wait_port_file(proc, port_file, 1, log)
+        (port,) = wait_for_ports(proc, port_file, 1, log, name="gateway", timeout=60)
     except BaseException:
         _stop(proc)
         raise

@@ -23,19 +23,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tests.fixtures.gateway import start_gateway_process  # noqa: E402
-from tests.real_engine.llama_server import missing_reason, start_llama_server  # noqa: E402
-from tests.real_engine.test_gateway_e2e import wait_until_routable  # noqa: E402
-from tests.real_engine.workload import (  # noqa: E402
-    Result,
-    Summary,
-    build_workload,
-    run_workload,
-    summarize,
-)
+from kvgate.loadgen.probe import Result, Summary, build_workload, run_workload, summarize
+from kvgate.procs import start_gateway_process, wait_until_routable
+from kvgate.procs.llama import missing_reason, start_llama_server
 
 
 def run_policy(policy: str, args: argparse.Namespace) -> list[Result]:
@@ -65,13 +55,13 @@ def run_policy(policy: str, args: argparse.Namespace) -> list[Result]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--policies", default="round_robin,hybrid", help="first one is the baseline")
-    p.add_argument("--nodes", type=int, default=2)
+    p.add_argument("--nodes", type=int, default=2, help="llama-server processes per policy")
     p.add_argument("--threads", type=int, default=1, help="threads per llama-server")
-    p.add_argument("--prefixes", type=int, default=3)
-    p.add_argument("--per-prefix", type=int, default=4)
-    p.add_argument("--prefix-tokens", type=int, default=1000)
-    p.add_argument("--max-tokens", type=int, default=4)
-    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--prefixes", type=int, default=3, help="distinct shared prefixes")
+    p.add_argument("--per-prefix", type=int, default=4, help="requests per prefix")
+    p.add_argument("--prefix-tokens", type=int, default=1000, help="tokens per prefix")
+    p.add_argument("--max-tokens", type=int, default=4, help="output tokens per request")
+    p.add_argument("--seed", type=int, default=7, help="workload seed")
     p.add_argument("--json", type=Path, default=None, help="write all results here")
     args = p.parse_args()
     reason = missing_reason()

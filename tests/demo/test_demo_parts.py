@@ -1,40 +1,66 @@
-"""The demo's workload and figures, without servers."""
+"""The demo's workload, progress lines and comparison, without servers."""
 
 from __future__ import annotations
 
-from kvgate.demo.load import RequestRecord
-from kvgate.demo.results import percentile, ratio, summarise
-from kvgate.demo.workload import WORKLOADS, generate
+from kvgate.demo.cli import VARIANTS
+from kvgate.demo.live import plain_lines, with_real_address
+from kvgate.demo.table import comparison_rows
+from kvgate.loadgen.runner import BenchProgress
 from kvgate.prompts import stable_prefix
+from kvgate.workloads import generate_workload
 
 
-def test_workload_is_reproducible_and_shares_prefixes() -> None:
-    spec = WORKLOADS["shared-prefix"]
-    first = generate(spec, 10.0, "m", seed=3)
-    assert first == generate(spec, 10.0, "m", seed=3)
-    assert first != generate(spec, 10.0, "m", seed=4)
-    assert all(0 <= r.at_s < 10.0 for r in first)
-    assert [r.at_s for r in first] == sorted(r.at_s for r in first)
-    assert {r.tenant for r in first} == {"interactive", "batch"}
-    prefixes = {stable_prefix(r.body["messages"]) for r in first}
-    assert 1 < len(prefixes) <= spec.apps  # a few shared system prompts, not one per request
+def test_apps_workload_is_reproducible_and_shares_prefixes() -> None:
+    first = generate_workload("apps", seed=3, duration_s=10.0).items
+    assert first == generate_workload("apps", seed=3, duration_s=10.0).items
+    assert first != generate_workload("apps", seed=4, duration_s=10.0).items
+    assert all(0 <= w.arrival < 10.0 for w in first)
+    assert [w.arrival for w in first] == sorted(w.arrival for w in first)
+    assert len({w.request_id for w in first}) == len(first)
+    assert {(w.tenant, w.priority_class) for w in first} == {
+        ("interactive", "interactive"),
+        ("batch", "batch"),
+    }
+    prefixes = {stable_prefix(w.messages) for w in first}
+    assert 1 < len(prefixes) <= 8  # a few shared system prompts, not one per request
 
 
-def test_summary_counts_hits_rejections_and_percentiles() -> None:
-    records = [
-        RequestRecord("interactive", 200, ttft_s=0.1, prompt_tokens=100, cached_tokens=80,
-                      completion_tokens=10, node="a"),
-        RequestRecord("interactive", 200, ttft_s=0.3, prompt_tokens=100, cached_tokens=0,
-                      completion_tokens=10, node="b"),
-        RequestRecord("batch", 429, error="quota"),
-        RequestRecord("batch", 502, error="bad gateway"),
-    ]  # fmt: skip
-    result = summarise("hybrid", True, records, wall_s=2.0)
-    assert (result.requests, result.ok, result.rejected, result.errors) == (4, 2, 1, 1)
-    assert result.token_hit_rate == 0.4
-    assert result.throughput_tok_s == 10.0
-    assert result.ttft_p50_ms == 200.0
-    assert result.per_node == {"a": 1, "b": 1}
-    assert percentile([1, 2, 3, 4], 0.5) == 2.5
-    assert percentile([], 0.5) is None
-    assert ratio(2.0, 4.0) == 0.5 and ratio(1.0, 0) is None
+def test_light_variant_sends_less() -> None:
+    full = generate_workload("apps", seed=1, duration_s=30.0, **VARIANTS["shared-prefix"])
+    light = generate_workload("apps", seed=1, duration_s=30.0, **VARIANTS["light"])
+    assert len(light.items) < len(full.items)
+
+
+def test_plain_progress_fits_80_columns() -> None:
+    summary = {
+        "admission": {"decisions_total": {"admit": {"guaranteed": 40, "elastic": 2}, "queue": 3}},
+        "tenants": [{"queue_depth": 2}, {"queue_depth": 1}],
+        "nodes": [
+            {"node_id": f"node-{i}", "state": "healthy", "kv_usage": 0.5, "actual_hit_rate": 0.25}
+            for i in range(7)
+        ],
+    }
+    progress = BenchProgress(total=120, issued=40, done=30)
+    lines = plain_lines("hybrid + admission", 12.0, 25.0, progress, summary)
+    assert lines[0] == "[hybrid + admission]  12.0/25s sent 40/120 done 30"
+    assert "admit 42 queue 3 reject 0 degrade 0" in lines[1] and "queued 3" in lines[1]
+    assert sum(line.count("node-") for line in lines) == 7
+    assert all(len(line) <= 80 for line in lines), lines
+
+
+def test_summary_shows_the_port_the_gateway_listens_on() -> None:
+    summary = {"gateway": {"id": "127.0.0.1:0", "policy": "hybrid"}}
+    shown = with_real_address(summary, "http://127.0.0.1:41234")
+    assert shown["gateway"] == {"id": "127.0.0.1:41234", "policy": "hybrid"}
+    named = {"gateway": {"id": "gw-a"}}
+    assert with_real_address(named, "http://127.0.0.1:41234") is named
+
+
+def test_comparison_rows_give_candidate_over_baseline() -> None:
+    base = {"ttft_p50_s": 0.4, "cache_hit_rate": 0.2, "rejected": 0, "completed": 10}
+    cand = {"ttft_p50_s": 0.1, "cache_hit_rate": 0.5, "rejected": 2, "completed": 10}
+    rows = {r["metric"]: r for r in comparison_rows("rr", base, "hy", cand)}
+    assert rows["TTFT p50 (ms)"]["ratio"] == 0.25
+    assert rows["token hit rate"]["ratio"] == 2.5
+    assert rows["rejected (429/408/503)"]["ratio"] is None  # no ratio against zero
+    assert rows["completed"]["rr"] == rows["completed"]["hy"] == 10

@@ -164,6 +164,7 @@ def _sim_figures(workload: str) -> dict[str, Any]:
     return {k: summary[k] for k in _SIM_KEYS}
 
 
+_ROUND_ROBIN_SPREAD = {f"node-{i}": 50 for i in range(6)}  # 300 requests over 6 nodes
 SIM_PINS: dict[str, dict[str, Any]] = {
     "shared-prefix": {
         "completed": 300,
@@ -176,14 +177,7 @@ SIM_PINS: dict[str, dict[str, Any]] = {
         "cache_hit_rate": 0.4381247155211652,
         "engine_hit_rate": 0.4381247155211652,
         "preemptions": 0,
-        "node_requests": {
-            "node-0": 50,
-            "node-1": 50,
-            "node-2": 50,
-            "node-3": 50,
-            "node-4": 50,
-            "node-5": 50,
-        },
+        "node_requests": _ROUND_ROBIN_SPREAD,
     },
     "tenant-prefix": {
         "completed": 300,
@@ -196,14 +190,7 @@ SIM_PINS: dict[str, dict[str, Any]] = {
         "cache_hit_rate": 0.01457231223745557,
         "engine_hit_rate": 0.01457231223745557,
         "preemptions": 130,
-        "node_requests": {
-            "node-0": 50,
-            "node-1": 50,
-            "node-2": 50,
-            "node-3": 50,
-            "node-4": 50,
-            "node-5": 50,
-        },
+        "node_requests": _ROUND_ROBIN_SPREAD,
     },
 }
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.real_engine.llama_server import LlamaServer, missing_reason, start_llama_server
+from kvgate.procs.llama import LlamaServer, missing_reason, start_llama_server
 
 
 @pytest.fixture

@@ -10,30 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-import urllib.request
 from collections.abc import Callable
 
 import pytest
 
-from tests.fixtures.gateway import GatewayProcess
-from tests.real_engine.llama_server import LlamaServer
-from tests.real_engine.workload import Result, build_workload, run_workload, summarize
+from kvgate.loadgen.probe import Result, build_workload, run_workload, summarize
+from kvgate.procs import GatewayProcess, wait_until_routable
+from kvgate.procs.llama import LlamaServer
 
 pytestmark = pytest.mark.real_engine
-
-
-def wait_until_routable(gw: GatewayProcess, timeout: float = 20.0) -> None:
-    """Until the gateway lists a model (its nodes answered discovery)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{gw.url}/v1/models", timeout=2) as r:
-                if r.status == 200 and b'"id"' in r.read():
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"gateway never listed a model:\n{gw.log()}")
 
 
 def run_policy(

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from kvgate.adapters import get_adapter
-from tests.real_engine.workload import build_workload, client_session, first_model, send
+from kvgate.loadgen.probe import build_workload, client_session, first_model, send
 
 pytestmark = pytest.mark.real_engine
 

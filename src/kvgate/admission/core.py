@@ -15,7 +15,7 @@ cannot exceed its hard cap, nor the cluster's its total × the configured overco
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from kvgate.admission.config import AdmissionConfig
@@ -25,12 +25,13 @@ from kvgate.admission.ledger import Ledger
 from kvgate.admission.metrics import AdmissionMetrics
 from kvgate.admission.overcommit import Overcommit
 from kvgate.admission.queue import AdmissionQueue, QueuedRequest
-from kvgate.admission.quota import max_admissible, reserve_limits
+from kvgate.admission.quota import limits_at, max_admissible
 from kvgate.admission.quota_book import QuotaBook
 from kvgate.admission.release_rate import ReleaseRate
+from kvgate.admission.snapshot import snapshot
 from kvgate.admission.store_link import StoreLink
 from kvgate.flags import Flags
-from kvgate.store import ReserveLimits, ReserveOutcome, Store, open_store
+from kvgate.store import ReserveOutcome, Store, open_store
 from kvgate.types import AdmissionKind, AdmissionRequest, AdmissionResult, RejectReason
 
 # reasons a fair-share limit (not a capacity limit) refused the reservation: degraded
@@ -99,27 +100,6 @@ class AdmissionCore:
         return self.book.total
 
     # -- limits --------------------------------------------------------------------------
-    def _limits(self, tenant: str, tokens: int, fair_share: bool = True) -> Callable[[int], Any]:
-        quota = self.book.quota_for(tenant)
-
-        def at(total: int) -> ReserveLimits:
-            limits = reserve_limits(
-                quota,
-                total=total,
-                quotas=self.book.quotas,
-                usage=self.link.usage,
-                waiting=self.queue.waiting_tenants() if fair_share else (),
-                request_tokens=tokens,
-            )
-            held_back = self.queue.held_back_for_long(
-                tokens, total, self.config.queue.long_request_reserved_fraction
-            )
-            if held_back:
-                limits = replace(limits, elastic_pool=max(0, limits.elastic_pool - held_back))
-            return limits
-
-        return at
-
     async def _reserve(
         self, tenant: str, tokens: int, fair_share: bool = True
     ) -> tuple[ReserveOutcome, bool]:
@@ -128,9 +108,16 @@ class AdmissionCore:
             await self.link.publish_guarantees(self.book.guarantees())
         total = self.overcommit.total(self.book.total)
         local_total = max(1, int(total * self.config.local_share))
-        return await self.link.reserve(
-            tenant, tokens, self._limits(tenant, tokens, fair_share), total, local_total
+        limits = limits_at(
+            self.book.quota_for(tenant),
+            self.book.quotas,
+            self.link.usage,
+            self.queue,
+            self.config.queue.long_request_reserved_fraction,
+            tokens,
+            fair_share=fair_share,
         )
+        return await self.link.reserve(tenant, tokens, limits, total, local_total)
 
     # -- decisions -----------------------------------------------------------------------
     def _admitted(
@@ -372,33 +359,4 @@ class AdmissionCore:
         return self.overcommit.reconcile(self.book.total, reserved, self.ledger.engine_tokens())
 
     def snapshot(self) -> dict[str, Any]:
-        usage = {t: u for t, u in self.link.usage.items() if u}
-        by_mode = self.ledger.reserved_by()
-        tenants = {
-            name: {
-                "guaranteed": q.guaranteed,
-                "weight": q.weight,
-                "hard_cap": q.hard_cap,
-                "used": usage.get(name, 0),
-                "degraded_reserved": sum(
-                    v for (t, m), v in by_mode.items() if t == name and m != "normal"
-                ),
-                "queue_depth": self.queue.depth(name),
-                "queued_tokens": self.queue.queued_tokens(name),
-            }
-            for name, q in sorted(self.book.quotas.items())
-        }
-        return {
-            "enabled": self.flags.enabled("admission"),
-            "total_quota": self.book.total,
-            "overcommit": self.overcommit.effective,
-            "used": sum(usage.values()),
-            "local_reserved": self.ledger.reserved_total,
-            "runtime_tokens": self.ledger.held_total,
-            "watermark": self.ledger.watermark(),
-            "in_flight": len(self.ledger),
-            "queue_depth": len(self.queue),
-            "tenants": tenants,
-            "decisions_total": self.decisions.as_dict(),
-            "store": {"url": self.link.store.url, "up": self.link.up},
-        }
+        return snapshot(self)

@@ -5,11 +5,15 @@ The store (memory or Redis Lua) only checks a reservation against the limits com
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from kvgate.admission.config import TenantConfig
 from kvgate.store import ReserveLimits
+
+if TYPE_CHECKING:
+    from kvgate.admission.queue import AdmissionQueue
 
 NO_CAP = 2**50  # exact in Lua's doubles
 
@@ -83,3 +87,38 @@ def max_admissible(tenant: TenantQuota, total: int) -> int:
     """The largest single request this tenant could ever be admitted with."""
     cap = tenant.hard_cap if tenant.hard_cap is not None else total
     return min(cap, total)
+
+
+def limits_at(
+    tenant: TenantQuota,
+    quotas: Mapping[str, TenantQuota],
+    usage: Mapping[str, int],
+    queue: AdmissionQueue,
+    long_reserved_fraction: float,
+    request_tokens: int,
+    *,
+    fair_share: bool = True,
+) -> Callable[[int], ReserveLimits]:
+    """The limits of one reservation as a function of the cluster total it is checked
+    against (the shared total, or the local share while the store is down).
+
+    Without ``fair_share`` (degraded work) the weighted share among waiting tenants does
+    not apply; caps, guarantees and the elastic pool do. Short requests leave room for
+    long queued ones (``AdmissionQueue.held_back_for_long``).
+    """
+
+    def at(total: int) -> ReserveLimits:
+        limits = reserve_limits(
+            tenant,
+            total=total,
+            quotas=quotas,
+            usage=usage,
+            waiting=queue.waiting_tenants() if fair_share else (),
+            request_tokens=request_tokens,
+        )
+        held_back = queue.held_back_for_long(request_tokens, total, long_reserved_fraction)
+        if held_back:
+            limits = replace(limits, elastic_pool=max(0, limits.elastic_pool - held_back))
+        return limits
+
+    return at

@@ -19,13 +19,15 @@ find the latency knee and write the capacity profile
    ttft_p99_at_knee, measured_at}
 
 to a YAML file and (with --store) to /kvgate/capacity/<model_version>/<deployment>.
-The knee is the last step before p99 TTFT leaves its flat region (above --ttft-factor x
-the median p99 of the earlier steps), p99 TTFT/TPOT exceed the SLO, or throughput stops rising
-(see docs/operations.md, "capacity calibration"). Latency comes from the engine's TTFT
-histogram when it has one (vLLM, SGLang, engine-sim), else from the client.
+The knee is the last step before the first step past it: more than 5% failed
+requests or p99 TTFT/TPOT above the SLO (final at once); or, confirmed by the next step,
+p99 TTFT above --ttft-factor x the median p99 of the earlier steps, mean TTFT above
+1.5 x their median, throughput rising by less than a quarter of the concurrency step,
+or engine preemptions (docs/operations.md, "Capacity calibration"). Latency comes
+from the engine's TTFT histogram when it has one (vLLM, SGLang, engine-sim), else from
+the client.
 capacity_runtime_tokens is the engine's KV tokens in use (+ queued prompt tokens),
 averaged over the knee step. The ramp is bounded by --max-requests and --max-seconds.
-A step where more than 5% of requests fail is past the knee.
 Exit status: 0 profile written; 1 no knee within the bounds, or the engine does not
 answer; 2 bad arguments.
 """

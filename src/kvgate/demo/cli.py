@@ -17,7 +17,6 @@ import json
 import signal
 import sys
 import tempfile
-import time
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -26,16 +25,22 @@ import yaml
 from rich.console import Console
 
 from kvgate.demo.live import watch
-from kvgate.demo.load import LoadProgress, replay
-from kvgate.demo.processes import ChildFailed, ProcessGroup, wait_for_port_file
-from kvgate.demo.report import write_report
-from kvgate.demo.results import PolicyResult, comparison, comparison_table, summarise
-from kvgate.demo.workload import WORKLOADS, DemoRequest, WorkloadSpec, generate
+from kvgate.demo.processes import ProcessGroup
+from kvgate.demo.table import comparison_rows, comparison_table
+from kvgate.loadgen.runner import BenchProgress, run_bench
+from kvgate.procs import ChildFailed, wait_for_ports
+from kvgate.report import RequestRecord, summarize, write_report
+from kvgate.workloads import WorkItem, Workload, generate_workload
 
 MODEL = "demo-model"
 PROFILE = "gemma3-270m-cpu"
 API_KEYS = {"interactive": "sk-demo-interactive", "batch": "sk-demo-batch"}
 RUNS = (("round_robin", False), ("hybrid", True))
+# Variants of the ``apps`` workload (kvgate.workloads.apps) the demo offers.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "shared-prefix": {},
+    "light": {"rate": 3.0, "batch_burst": 3},
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,7 +49,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--nodes", type=int, default=4, help="simulated engines (default 4)")
     parser.add_argument(
-        "--workload", default="shared-prefix", choices=sorted(WORKLOADS), help="workload"
+        "--workload",
+        default="shared-prefix",
+        choices=sorted(VARIANTS),
+        help="variant of the 'apps' workload (default shared-prefix)",
     )
     parser.add_argument(
         "--kv-blocks",
@@ -120,7 +128,9 @@ class Demo:
              "--port-file", str(port_file), "--profile", PROFILE, "--model", MODEL,
              "--time-scale", str(self.args.time_scale), "--kv-blocks", str(self.args.kv_blocks)],
         )  # fmt: skip
-        ports = wait_for_port_file(self.group, name, proc, port_file, self.args.nodes)
+        ports = wait_for_ports(
+            proc, port_file, self.args.nodes, self.group.log_path(name), name=name
+        )
         return [f"http://127.0.0.1:{p}" for p in ports]
 
     def start_gateway(self, run: int, urls: list[str], policy: str, admission: bool) -> str:
@@ -133,35 +143,42 @@ class Demo:
             ["serve", "--config", str(config_path), "--port-file", str(port_file),
              "--log-level", "warning"],
         )  # fmt: skip
-        (port,) = wait_for_port_file(self.group, name, proc, port_file, 1)
+        (port,) = wait_for_ports(proc, port_file, 1, self.group.log_path(name), name=name)
         return f"http://127.0.0.1:{port}"
 
     def run_policy(
-        self, run: int, policy: str, admission: bool, requests: list[DemoRequest]
-    ) -> PolicyResult:
+        self, run: int, policy: str, admission: bool, items: list[WorkItem]
+    ) -> tuple[str, dict[str, Any], list[RequestRecord]]:
         label = f"{policy}{' + admission' if admission else ''}"
         self.say(f"[bold]run {run + 1}/2[/bold]: starting {self.args.nodes} engines and a "
                  f"{label} gateway")  # fmt: skip
         before = set(self.group.pids())
         urls = self.start_engines(run)
         gateway = self.start_gateway(run, urls, policy, admission)
-        progress = LoadProgress(total=len(requests))
-        started = time.monotonic()
-        asyncio.run(self._drive(label, gateway, requests, progress))
-        wall = time.monotonic() - started
+        self.say(f"  gateway {gateway.removeprefix('http://')}")
+        progress = BenchProgress(total=len(items))
+        result = asyncio.run(self._drive(label, gateway, items, progress))
         for _, proc in [c for c in self.group.children if c[1].pid not in before]:
             self.group.stop(proc)
-        result = summarise(policy, admission, progress.records, wall)
-        self.say(
-            f"  {label}: {result.ok}/{result.requests} completed, "
-            f"TTFT p50 {result.ttft_p50_ms} ms, hit rate "
-            f"{(result.token_hit_rate or 0) * 100:.1f}%, rejected {result.rejected}"
+        nodes = [f"node-{i}" for i in range(self.args.nodes)]
+        summary = summarize(
+            result.records, duration_s=result.duration_s, issued=result.issued, node_ids=nodes
         )
-        return result
+        summary["admission"] = admission
+        interactive = [r for r in result.records if r.tenant == "interactive"]
+        summary["interactive_ttft_p99_s"] = summarize(interactive)["ttft_p99_s"]
+        hit = summary["cache_hit_rate"]
+        p50 = summary["ttft_p50_s"]
+        self.say(
+            f"  {summary['completed']}/{summary['requests']} completed, TTFT p50 "
+            f"{'–' if p50 is None else f'{p50 * 1000:.0f} ms'}, hit rate "
+            f"{(hit or 0) * 100:.1f}%, rejected {summary['rejected']}"
+        )
+        return label, summary, result.records
 
     async def _drive(
-        self, label: str, gateway: str, requests: list[DemoRequest], progress: LoadProgress
-    ) -> None:
+        self, label: str, gateway: str, items: list[WorkItem], progress: BenchProgress
+    ) -> Any:
         stop = asyncio.Event()
         viewer = asyncio.create_task(
             watch(label, gateway, self.args.duration, progress, stop, live=self.live)
@@ -169,28 +186,47 @@ class Demo:
             else stop.wait()
         )
         try:
-            await replay(gateway, requests, API_KEYS, progress, request_timeout_s=30.0)
+            return await run_bench(
+                gateway,
+                items,
+                api_keys=API_KEYS,
+                model=MODEL,
+                request_timeout_s=30.0,
+                progress=progress,
+            )
         finally:
             stop.set()
             await viewer
 
-    def run(self) -> int:
-        spec: WorkloadSpec = WORKLOADS[self.args.workload]
-        requests = generate(spec, self.args.duration, MODEL, seed=self.args.seed)
-        self.say(
-            f"kvgate demo: workload [bold]{spec.name}[/bold] — {len(requests)} requests over "
-            f"{self.args.duration:.0f} s, {spec.apps} apps sharing long system prompts, "
-            f"2 tenants; {self.args.nodes} simulated engines ({PROFILE}, "
-            f"{self.args.kv_blocks} KV blocks each, time scale {self.args.time_scale:g}×)"
+    def workload(self) -> Workload:
+        return generate_workload(
+            "apps",
+            seed=self.args.seed,
+            duration_s=self.args.duration,
+            **VARIANTS[self.args.workload],
         )
-        results = [
-            self.run_policy(i, policy, admission, requests)
+
+    def run(self) -> int:
+        workload = self.workload()
+        items = workload.items
+        apps = workload.params["apps"]
+        self.say(
+            f"kvgate demo: workload [bold]{self.args.workload}[/bold], {len(items)} "
+            f"requests over {self.args.duration:.0f} s\n{apps} apps sharing long system "
+            f"prompts, 2 tenants (interactive, batch)\n{self.args.nodes} simulated engines "
+            f"({PROFILE}, {self.args.kv_blocks} KV blocks each, {self.args.time_scale:g}x "
+            "time scale)"
+        )
+        runs = [
+            self.run_policy(i, policy, admission, items)
             for i, (policy, admission) in enumerate(RUNS)
         ]
-        baseline, candidate = results
+        results = {label: summary for label, summary, _ in runs}
+        records = {label: recs for label, _, recs in runs}
+        (base_label, baseline, _), (cand_label, candidate, _) = runs
         meta = {
-            "workload": spec.name,
-            "requests": len(requests),
+            "workload": f"apps ({self.args.workload})",
+            "requests": len(items),
             "duration_s": self.args.duration,
             "nodes": self.args.nodes,
             "engine_profile": PROFILE,
@@ -198,19 +234,23 @@ class Demo:
             "time_scale": self.args.time_scale,
             "seed": self.args.seed,
         }
-        report = write_report(Path(self.args.out), baseline, candidate, meta)
+        title = f"kvgate demo: {cand_label} vs {base_label}"
+        paths = write_report(
+            Path(self.args.out), results, records, title, meta=meta, baseline=base_label
+        )
+        report = next(p for p in paths if p.name == "report.html")
         if self.args.json:
             out = {
                 "meta": meta,
-                "results": [r.as_json() for r in results],
-                "comparison": comparison(baseline, candidate),
+                "results": results,
+                "comparison": comparison_rows(base_label, baseline, cand_label, candidate),
                 "report": str(report),
             }
             json.dump(out, sys.stdout, indent=2)
             sys.stdout.write("\n")
         else:
-            self.console.print(comparison_table(baseline, candidate))
-            self.say(f"HTML report: {report}")
+            self.console.print(comparison_table(base_label, baseline, cand_label, candidate))
+            self.say(f"report: {report}")
         return 0
 
 
@@ -226,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    console = Console() if sys.stdout.isatty() else Console(width=120)
+    console = Console(highlight=False)
     with tempfile.TemporaryDirectory(prefix="kvgate-demo-") as tmp:
         demo = Demo(args, Path(tmp), console)
         try:

@@ -151,9 +151,9 @@ class EngineCore:
                 self._start_step_if_idle(events)
                 continue
             if st.steps > 1 and st.first_end <= t + _EPS:
-                done = self._decode_steps_done_by(st, t)
-                self._complete(st, done, events)
-                self._restart_run(st, done)
+                done, done_at = self._decode_steps_done_by(st, t)
+                self._complete(st, done, events, done_at)
+                self._restart_run(st, done, done_at)
             break
         if t > self.now:
             self.now = t
@@ -162,20 +162,26 @@ class EngineCore:
             self._pending = []
         return events
 
-    def _decode_steps_done_by(self, st: _InFlight, t: float) -> int:
+    def _decode_steps_done_by(self, st: _InFlight, t: float) -> tuple[int, float]:
+        """Steps of the run finished by ``t`` (at least 1, fewer than all) and the time
+        the last of them ended."""
         lo, hi = 1, st.steps - 1  # first_end <= t < end
+        lo_end = -1.0
         rt = self.profile.decode_run_time
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if st.start + rt(st.batch, st.kv0, mid) <= t + _EPS:
-                lo = mid
+            mid_end = st.start + rt(st.batch, st.kv0, mid)
+            if mid_end <= t + _EPS:
+                lo, lo_end = mid, mid_end
             else:
                 hi = mid - 1
-        return lo
+        if lo_end < 0.0:
+            lo_end = st.start + rt(st.batch, st.kv0, lo)
+        return lo, lo_end
 
-    def _restart_run(self, st: _InFlight, done: int) -> None:
+    def _restart_run(self, st: _InFlight, done: int, done_at: float) -> None:
         rt = self.profile.decode_run_time
-        st.start = st.start + rt(st.batch, st.kv0, done)
+        st.start = done_at
         st.kv0 += done * st.batch
         st.steps -= done
         st.first_end = st.start + rt(st.batch, st.kv0, 1)
@@ -209,7 +215,7 @@ class EngineCore:
         steps = 1
         end = start + first
         if plan.pure_decode and self.fast_forward:
-            remaining = min(s.req.output_tokens - s.num_output for s, _ in plan.scheduled)
+            remaining = min([s.output_limit - s.num_output for s, _ in plan.scheduled])
             if remaining > 1:
                 steps = sched.decode_steps_possible(remaining)
                 end = start + prof.decode_run_time(plan.num_seqs, plan.kv_tokens, steps)
@@ -223,46 +229,25 @@ class EngineCore:
             kv0=plan.kv_tokens,
         )
 
-    def _complete(self, st: _InFlight, steps: int, events: list[EngineEvent]) -> None:
-        """Apply ``steps`` steps of the plan; emit events at the time the last one ends."""
+    def _complete(
+        self, st: _InFlight, steps: int, events: list[EngineEvent], t_end: float | None = None
+    ) -> None:
+        """Apply ``steps`` steps of the plan; emit events at the time the last one ends
+        (``t_end``, computed here when not given)."""
         self._steps += steps
         sched = self.scheduler
         counters = sched.counters
         kv = sched.kv
-        if steps == st.steps:
-            t_end = st.end
-        else:
-            t_end = st.start + self.profile.decode_run_time(st.batch, st.kv0, steps)
+        if t_end is None:
+            if steps == st.steps:
+                t_end = st.end
+            else:
+                t_end = st.start + self.profile.decode_run_time(st.batch, st.kv0, steps)
         if steps > 1:
             self._allocate_decode_run_blocks(st, steps)
         finished = False
         token_events = self.token_events
         generated = 0
-        if steps > 1:
-            # A decode run: every request of the plan decoded one token per step.
-            for seq, _ in st.plan.scheduled:
-                if seq.done:
-                    continue  # aborted
-                seq.num_computed += steps
-                if seq.num_hashed_blocks < len(seq.req.block_hashes):
-                    seq.num_hashed_blocks = kv.cache_full_blocks(
-                        seq.request_id,
-                        seq.req.block_hashes,
-                        seq.num_computed,
-                        seq.num_hashed_blocks,
-                    )
-                seq.num_output += steps
-                seq.num_tokens += steps
-                generated += steps
-                if token_events:
-                    events.append(EngineEvent(EventKind.TOKENS, seq.request_id, t_end, count=steps))
-                if seq.num_output >= seq.output_limit:
-                    self._finish(seq, t_end, events)
-                    finished = True
-            counters.generation_tokens += generated
-            if finished:
-                sched.running = [s for s in sched.running if not s.done]
-            return
         for seq, new in st.plan.scheduled:
             if seq.done:
                 continue  # aborted

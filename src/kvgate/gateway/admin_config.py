@@ -121,10 +121,12 @@ def _attach_forecast(gateway: Any) -> None:
     admit = admission.admit
 
     async def observed_admit(req: Any) -> Any:
-        forecast.observe_arrival(
-            gateway.clock.now(), req.tenant, req.priority_class, req.prompt_tokens, req.max_tokens
-        )
-        return await admit(req)
+        arrived = gateway.clock.now()
+        result = await admit(req)
+        # the output bound the request holds: the client's max_tokens, else the model default
+        bound = req.max_tokens if req.max_tokens is not None else result.output_bound
+        forecast.observe_arrival(arrived, req.tenant, req.priority_class, req.prompt_tokens, bound)
+        return result
 
     admission.admit = observed_admit
 

@@ -318,6 +318,7 @@ async def _run_job(gateway: Gateway, call: Call, result: AdmissionResult, job_id
         gateway.pipeline.accept(call.flow, result)  # the final decision now holds (or not)
         if result.kind is AdmissionKind.REJECT:
             raise rejection_error(result)
+        # progress goes against the reservation it now holds (the pipeline's, via accept)
         assert gateway.proxy is not None
         response = await gateway.proxy.forward(call, None)
         assert isinstance(response, web.Response)

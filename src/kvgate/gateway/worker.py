@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
@@ -42,6 +43,10 @@ from kvgate.routing.node_view import NodeView
 
 log = logging.getLogger("kvgate.gateway.worker")
 METRICS_PUSH_S = 1.0
+# a worker that goes idle pushes soon (tests and scrapes see finished requests at once),
+# but never more often than this: a push (text exposition) costs ≈1–2 ms
+IDLE_PUSH_DELAY_S = 0.02
+MIN_PUSH_INTERVAL_S = 0.25
 _HOP = frozenset(("connection", "keep-alive", "transfer-encoding", "content-length", "host"))
 
 
@@ -70,6 +75,21 @@ class WorkerGateway:
         self.owner_session: aiohttp.ClientSession | None = None
         self.proxy: Proxy | None = None
         self._pusher: asyncio.Task[None] | None = None
+        self.active = 0  # client requests in this worker now
+        self._pushed_at = 0.0
+        self._soon: asyncio.TimerHandle | None = None
+
+    def push_metrics(self) -> None:
+        self._soon = None
+        self._pushed_at = time.monotonic()
+        self.client.tell("metrics", generate_latest(self.registry).decode())
+
+    def request_ended(self) -> None:
+        self.active -= 1
+        if self.active or self._soon is not None:
+            return
+        wait = max(IDLE_PUSH_DELAY_S, self._pushed_at + MIN_PUSH_INTERVAL_S - time.monotonic())
+        self._soon = asyncio.get_running_loop().call_later(wait, self.push_metrics)
 
     def models(self) -> list[str]:
         return self._models
@@ -113,7 +133,8 @@ class WorkerGateway:
         """Metrics to the owner, and the owner's model list back, once a second."""
         while True:
             await asyncio.sleep(METRICS_PUSH_S)
-            self.client.tell("metrics", generate_latest(self.registry).decode())
+            if time.monotonic() - self._pushed_at >= METRICS_PUSH_S / 2:
+                self.push_metrics()
             try:
                 await self.refresh_models()
             except Exception:  # the owner is going away; the next turn tries again
@@ -122,13 +143,26 @@ class WorkerGateway:
     async def stop(self) -> None:
         if self._pusher:
             self._pusher.cancel()
-        self.client.tell("metrics", generate_latest(self.registry).decode())
+        if self._soon is not None:
+            self._soon.cancel()
+        self.push_metrics()
         await asyncio.sleep(0)
         if self.proxy:
             self.proxy.close()
         for session in (self.session, self.owner_session):
             if session:
                 await session.close()
+
+
+@web.middleware
+async def activity_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Outermost: counts the worker's requests, so an idle worker pushes its metrics."""
+    worker = cast(WorkerGateway, request.app[GATEWAY])
+    worker.active += 1
+    try:
+        return cast(web.StreamResponse, await handler(request))
+    finally:
+        worker.request_ended()
 
 
 async def generate(request: web.Request, endpoint: str) -> web.StreamResponse:
@@ -163,7 +197,7 @@ async def to_owner(request: web.Request) -> web.StreamResponse:
 def create_worker_app(config: GatewayConfig, owner_http: str, owner_ipc: str) -> web.Application:
     worker = WorkerGateway(config, owner_http, owner_ipc)
     app = web.Application(
-        middlewares=[access_middleware, error_middleware],
+        middlewares=[activity_middleware, access_middleware, error_middleware],
         client_max_size=config.server.max_body_bytes,
     )
     app[GATEWAY] = cast(Any, worker)

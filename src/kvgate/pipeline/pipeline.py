@@ -21,6 +21,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from kvgate.admission.queue import QueuedRequest
 from kvgate.clock import Clock
 from kvgate.flags import Flags
 from kvgate.pipeline.config import PipelineConfig
@@ -171,9 +172,12 @@ class RequestPipeline:
     def accept(self, flow: Flow, result: AdmissionResult | None) -> None:
         """Apply a final admission result (None: admission is not in use) to the flow."""
         flow.admission = result
-        flow.holds_reservation = result is not None and result.kind in (
-            AdmissionKind.ADMIT,
-            AdmissionKind.DEGRADE,
+        flow.holds_reservation = (
+            result is not None
+            and result.kind in (AdmissionKind.ADMIT, AdmissionKind.DEGRADE)
+            # async work answers 202 at once but waits in the admission queue: it holds
+            # nothing until its turn comes (the driver accepts the final result then)
+            and not isinstance(result.ticket, QueuedRequest)
         )
         route = flow.route
         if self._has_pool(DEFAULT_POOL) and self._has_pool(self.economy_pool):

@@ -170,7 +170,9 @@ _COLUMNS = (
 )
 
 
-def _fmt(value: Any, style: str) -> str:
+def format_value(value: Any, style: str) -> str:
+    """A figure for a table: ``pct`` (a fraction as %), ``ms`` (seconds as ms) or a
+    format string; None is a dash."""
     if value is None:
         return "–"
     if style == "pct":
@@ -180,19 +182,32 @@ def _fmt(value: Any, style: str) -> str:
     return style.format(value)
 
 
-def markdown_table(results: Mapping[str, Mapping[str, Any]], baseline: str | None = None) -> str:
-    """Policies as rows; with a baseline, a TTFT p50 and throughput ratio column."""
+def table_rows(
+    results: Mapping[str, Mapping[str, Any]], baseline: str | None = None
+) -> list[list[str]]:
+    """Header then one formatted row per policy; with a baseline, TTFT p50 and
+    throughput ratio columns."""
     head = ["policy"] + [c[0] for c in _COLUMNS]
     if baseline in results:
         head += ["TTFT p50 vs base", "tok/s vs base"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = [head]
     base = results.get(baseline) if baseline else None
     for name, r in results.items():
-        row = [name] + [_fmt(r.get(key), style) for _, key, style in _COLUMNS]
+        row = [name] + [format_value(r.get(key), style) for _, key, style in _COLUMNS]
         if base is not None:
-            b50, r50 = base.get("ttft_p50_s"), r.get("ttft_p50_s")
-            bt, rt = base.get("output_tokens_per_s"), r.get("output_tokens_per_s")
-            row.append(f"{r50 / b50:.2f}x" if b50 and r50 is not None else "–")
-            row.append(f"{rt / bt:.2f}x" if bt and rt is not None else "–")
-        lines.append("| " + " | ".join(row) + " |")
+            row.append(_ratio(r.get("ttft_p50_s"), base.get("ttft_p50_s")))
+            row.append(_ratio(r.get("output_tokens_per_s"), base.get("output_tokens_per_s")))
+        rows.append(row)
+    return rows
+
+
+def _ratio(value: Any, base: Any) -> str:
+    return f"{value / base:.2f}x" if base and value is not None else "–"
+
+
+def markdown_table(results: Mapping[str, Mapping[str, Any]], baseline: str | None = None) -> str:
+    """Policies as rows; with a baseline, a TTFT p50 and throughput ratio column."""
+    head, *rows = table_rows(results, baseline)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)

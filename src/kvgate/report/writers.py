@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import html
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgate.report.records import RequestRecord
-from kvgate.report.summary import markdown_table
+from kvgate.report.summary import markdown_table, table_rows
 
 
 def _plot_ttft_cdf(path: Path, records: Mapping[str, Sequence[RequestRecord]]) -> None:
@@ -60,6 +61,30 @@ def _plot_series(
     plt.close(fig)
 
 
+def _html_page(
+    title: str, meta: Mapping[str, Any], rows: list[list[str]], images: list[tuple[str, str]]
+) -> str:
+    esc = html.escape
+    head, *body = rows
+    table = "<tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>"
+    table += "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in body)
+    setup = "".join(f"<li><b>{esc(str(k))}</b>: {esc(str(v))}</li>" for k, v in meta.items())
+    figures = "".join(
+        f'<figure><img alt="{esc(alt)}" src="{esc(src)}"><figcaption>{esc(alt)}</figcaption>'
+        "</figure>"
+        for alt, src in images
+    )
+    return f"""<!doctype html><html lang="en"><head><meta charset="utf-8">
+<title>{esc(title)}</title><style>
+body {{ font: 15px/1.5 system-ui, sans-serif; max-width: 1100px; margin: 24px auto; padding: 0 16px; }}
+table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ccc; padding: 4px 8px; }}
+td {{ text-align: right; }} td:first-child {{ text-align: left; }} img {{ max-width: 100%; }}
+</style></head><body><h1>{esc(title)}</h1><ul>{setup}</ul><table>{table}</table>{figures}
+<p>Raw figures: <code>results.json</code>, <code>requests.csv</code> next to this file.</p>
+</body></html>
+"""
+
+
 def write_report(
     out_dir: str | Path,
     results: Mapping[str, Mapping[str, Any]],
@@ -72,7 +97,8 @@ def write_report(
     baseline: str | None = None,
     quota: Mapping[str, Mapping[str, Sequence[tuple[float, float]]]] | None = None,
 ) -> list[Path]:
-    """Write results.json, results.csv, requests.csv, report.md and plots; return paths."""
+    """Write results.json, results.csv, requests.csv, report.md, report.html and plots;
+    return the paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
@@ -103,19 +129,23 @@ def write_report(
     md += ["", table, ""]
     _plot_ttft_cdf(out / "ttft_cdf.png", records)
     written.append(out / "ttft_cdf.png")
-    md.append("![TTFT CDF](ttft_cdf.png)")
+    images = [("TTFT CDF", "ttft_cdf.png")]
     if node_load:
         _plot_series(out / "node_load.png", node_load, "running + waiting")
         written.append(out / "node_load.png")
-        md.append("![load per node](node_load.png)")
+        images.append(("load per node", "node_load.png"))
     if hit_rate:
         _plot_series(out / "hit_rate.png", hit_rate, "token hit rate")
         written.append(out / "hit_rate.png")
-        md.append("![hit rate over time](hit_rate.png)")
+        images.append(("hit rate over time", "hit_rate.png"))
     if quota:
         _plot_series(out / "quota.png", quota, "runtime tokens")
         written.append(out / "quota.png")
-        md.append("![quota total vs use over time](quota.png)")
+        images.append(("quota total vs use over time", "quota.png"))
+    md += [f"![{alt}]({src})" for alt, src in images]
     (out / "report.md").write_text("\n".join(md) + "\n")
     written.append(out / "report.md")
+    rows = table_rows(results, baseline)
+    (out / "report.html").write_text(_html_page(title, meta or {}, rows, images))
+    written.append(out / "report.html")
     return written

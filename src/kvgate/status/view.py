@@ -51,23 +51,36 @@ def gateway_line(summary: Mapping[str, Any]) -> Text:
     return line
 
 
-def nodes_table(summary: Mapping[str, Any]) -> Table:
+# Columns of the nodes table; ``narrow`` marks those kept in an 80-column view.
+_NODE_COLUMNS: tuple[tuple[str, bool], ...] = (
+    ("node", True),
+    ("state", True),
+    ("model", False),
+    ("running", True),
+    ("waiting", True),
+    ("in flight", False),
+    ("load", True),
+    ("KV usage", True),
+    ("pred. hit", True),
+    ("actual hit", True),
+    ("cold boost", False),
+    ("report age", False),
+    ("capacity", False),
+)
+
+
+def nodes_table(summary: Mapping[str, Any], *, narrow: bool = False) -> Table:
+    """Every node's state and load; ``narrow`` keeps the columns that fit 80 columns."""
+    keep = [not narrow or fits for _, fits in _NODE_COLUMNS]
     table = Table(title="Nodes", title_justify="left", expand=False)
-    for name in ("node", "state", "model", "running", "waiting", "in flight"):
-        table.add_column(name, justify="left" if name in ("node", "state", "model") else "right")
-    for name in (
-        "load",
-        "KV usage",
-        "pred. hit",
-        "actual hit",
-        "cold boost",
-        "report age",
-        "capacity",
-    ):
-        table.add_column(name, justify="right")
+    for (name, _), shown in zip(_NODE_COLUMNS, keep, strict=True):
+        if shown:
+            table.add_column(
+                name, justify="left" if name in ("node", "state", "model") else "right"
+            )
     for n in summary.get("nodes") or []:
         state = str(n.get("state") or "?")
-        table.add_row(
+        cells: tuple[str | Text, ...] = (
             str(n.get("node_id")),
             Text(state, style=_STATE_STYLE.get(state, "")),
             f"{n.get('model') or DASH} / {n.get('pool') or DASH}",
@@ -82,8 +95,9 @@ def nodes_table(summary: Mapping[str, Any]) -> Table:
             f"{fmt_num(n.get('report_age_s'), 1)} s" if _is_num(n.get("report_age_s")) else DASH,
             _capacity_cell(n),
         )
+        table.add_row(*[c for c, shown in zip(cells, keep, strict=True) if shown])
     if not summary.get("nodes"):
-        table.add_row("no nodes registered", *[""] * 12)
+        table.add_row("no nodes registered", *[""] * (sum(keep) - 1))
     return table
 
 
@@ -174,10 +188,12 @@ def summary_view(
     summary: Mapping[str, Any],
     previous: Mapping[str, Any] | None = None,
     seconds: float | None = None,
+    *,
+    narrow: bool = False,
 ) -> RenderableType:
     return Group(
         gateway_line(summary),
-        nodes_table(summary),
+        nodes_table(summary, narrow=narrow),
         tenants_table(summary),
         decisions_table(summary, previous, seconds),
     )

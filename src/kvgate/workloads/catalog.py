@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvgate.tokens import synthetic_text
+from kvgate.workloads import apps
 from kvgate.workloads.base import WorkItem, Workload
 from kvgate.workloads.daily import ENTRY as DAILY
 
@@ -314,6 +315,7 @@ WORKLOADS: dict[str, tuple[Generator, dict[str, Any], str]] = {
         },
         "Zipf-skewed prefix popularity",
     ),
+    "apps": (apps.generate_apps, apps.DEFAULTS, apps.DESCRIPTION),
 }
 WORKLOADS["daily"] = DAILY
 WORKLOAD_NAMES = tuple(WORKLOADS)

@@ -1,10 +1,12 @@
-"""A shared-prefix workload against a real OpenAI-compatible endpoint, and its measurement.
+"""A cache probe: a shared-prefix workload sent one request at a time to a real
+OpenAI-compatible endpoint (``/v1/completions``), and its measurement.
 
 Several ~1,000-token prefixes (think: system prompt + documents), each asked several
 questions. The order sends each prefix twice in a row first, then interleaves the rest,
 so a cache-blind policy (round robin) splits repeats across nodes while a cache-aware
 one keeps them together. TTFT is the time to the first streamed text chunk; cached
-tokens are what the engine itself reports in ``usage.prompt_tokens_details``.
+tokens are what the engine itself reports in ``usage.prompt_tokens_details``. The
+real-engine tests and bench/real_engine.py use it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from kvgate.tokens import synthetic_text
 
 
 @dataclass(frozen=True, slots=True)
-class WorkItem:
+class ProbeItem:
     prefix_id: int
     prompt: str
 
@@ -39,7 +41,7 @@ class Result:
 
 def build_workload(
     *, prefixes: int = 2, per_prefix: int = 3, prefix_tokens: int = 1000, seed: int = 7
-) -> list[WorkItem]:
+) -> list[ProbeItem]:
     rng = random.Random(seed)
     texts = [synthetic_text(prefix_tokens, random.Random(seed * 1000 + p)) for p in range(prefixes)]
     order: list[int] = []
@@ -50,7 +52,7 @@ def build_workload(
     items = []
     for n, p in enumerate(order):
         question = synthetic_text(12, rng)
-        items.append(WorkItem(p, f"{texts[p]}\n\nQuestion {n}: {question}\nAnswer:"))
+        items.append(ProbeItem(p, f"{texts[p]}\n\nQuestion {n}: {question}\nAnswer:"))
     return items
 
 
@@ -70,7 +72,7 @@ async def send(
     session: aiohttp.ClientSession,
     base_url: str,
     model: str,
-    item: WorkItem,
+    item: ProbeItem,
     *,
     repeat: bool,
     max_tokens: int = 4,
@@ -117,7 +119,7 @@ async def send(
 
 
 async def run_workload(
-    base_url: str, items: list[WorkItem], *, max_tokens: int = 4
+    base_url: str, items: list[ProbeItem], *, max_tokens: int = 4
 ) -> list[Result]:
     """Send the items one at a time (so TTFT measures caching, not queueing)."""
     seen: set[int] = set()

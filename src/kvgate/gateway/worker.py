@@ -107,7 +107,8 @@ class WorkerGateway:
         self.metrics = GatewayMetrics(self.registry)
         self.flags = Flags(config.flags)
         self.tenants = TenantDirectory(config.admission)
-        self.client = DecisionClient()
+        # without its owner a worker can decide nothing: it shuts down (no orphans)
+        self.client = DecisionClient(on_lost=lambda: os.kill(os.getpid(), signal.SIGTERM))
         self.router = RemoteRouter(self)
         self.urls: dict[str, str] = {}
         self.owner_http = owner_http

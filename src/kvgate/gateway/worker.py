@@ -224,7 +224,9 @@ async def generate(request: web.Request, endpoint: str) -> web.StreamResponse:
         return await worker.proxy.forward(call, request)
     finally:
         worker.router.plans.pop(id(route), None)
-        worker.client.tell("release", key)
+        # written at once, with the queued ``complete``, microseconds after the answer's
+        # last bytes: the owner applies both before the client can ask it anything else
+        worker.client.tell("release", key, now=True)
         _log_call(entry, call)
 
 

@@ -309,7 +309,8 @@ def start_kvgate(
     extra = ["--policy", policy, "--log-level", "warning", "--engine-type", "sim"]
     if src is None:  # a baseline checkout may predate --workers
         extra += ["--workers", str(workers)]
-    cmd = [sys.executable, *python_args, "-m", "kvgate", "serve", "--host", "127.0.0.1"]
+    launcher = python_args or ["-m"]
+    cmd = [sys.executable, *launcher, "kvgate", "serve", "--host", "127.0.0.1"]
     cmd += ["--port", "0", *extra]
     for e in engines:
         cmd += ["--backend", e]
@@ -414,6 +415,10 @@ def _phase_cpu(
     return out
 
 
+def _profiler(out: str | None) -> list[str]:
+    return [str(ROOT / "bench" / "cpu_profile.py"), out, "-m"] if out else []
+
+
 def run_long(args: argparse.Namespace) -> int:
     engine_procs: list[Proc] = []
     targets: list[Target] = []
@@ -426,7 +431,7 @@ def run_long(args: argparse.Namespace) -> int:
         if "bare" in args.rows:
             targets.append(start_bare(engines))
         if args.baseline_src:
-            py = ["-m", "cProfile", "-o", args.profile_baseline] if args.profile_baseline else []
+            py = _profiler(args.profile_baseline)
             targets.append(
                 start_kvgate(
                     engines, "hybrid", 1, py, src=args.baseline_src, name="baseline-hybrid"
@@ -437,7 +442,7 @@ def run_long(args: argparse.Namespace) -> int:
                 continue
             for w in args.workers if policy == "hybrid" else [1]:
                 profiling = args.profile and policy == "hybrid" and w == 1
-                py = ["-m", "cProfile", "-o", args.profile] if profiling else []
+                py = _profiler(args.profile) if profiling else []
                 targets.append(start_kvgate(engines, policy, w, py))
         # Direct: the engine-sims are one process per engine; spread over them through
         # a client per engine, i.e. what a perfect zero-cost round-robin proxy would do.

@@ -53,11 +53,14 @@ class FrameProtocol(asyncio.Protocol):
             self.on_frame(frame)
         self._buf = buf[pos:]
 
-    def send(self, message: Any) -> None:
+    def send(self, message: Any, *, now: bool = False) -> None:
+        """Queue a frame for this loop turn's write; ``now`` writes it (and the queue) at once."""
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        if not self._out:
+        if not self._out and not now:
             asyncio.get_running_loop().call_soon(self._flush)
         self._out.append(_LEN.pack(len(data)) + data)
+        if now:
+            self._flush()
 
     def _flush(self) -> None:
         out, self._out = self._out, []
@@ -153,6 +156,6 @@ class DecisionClient:
         finally:
             self._waiters.pop(seq, None)
 
-    def tell(self, *message: Any) -> None:
+    def tell(self, *message: Any, now: bool = False) -> None:
         if self._proto is not None:
-            self._proto.send(message)
+            self._proto.send(message, now=now)

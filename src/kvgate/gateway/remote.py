@@ -125,7 +125,9 @@ class RemotePipeline:
     async def release(self, flow: Flow) -> None:
         assert isinstance(flow, RemoteFlow)
         flow.holds_reservation = False
-        self.client.tell("release", flow.key)
+        # written at once, with the queued ``done``, microseconds after the answer's last
+        # bytes: the owner applies both before the client can ask it anything else
+        self.client.tell("release", flow.key, now=True)
 
     def cancelled(self, stage: str) -> None:
         self.client.tell("cancelled", stage)

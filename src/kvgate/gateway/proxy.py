@@ -140,6 +140,7 @@ class _Outcome:
     cached_tokens: int | None = None
     output_tokens: int = 0
     broken: str | None = None  # the engine failed after the client got bytes
+    reported: int = 0  # the generated count the pipeline already has (streams)
 
 
 class Proxy:
@@ -210,7 +211,8 @@ class Proxy:
                 response = await self._stream(call, decision, base, request, outcome)
             else:
                 response = await self._unary(call, decision, base, outcome)
-            if outcome.ok and outcome.output_tokens:  # the final count (streams report batches)
+            # the final count (streams report batches; the last batch may already be it)
+            if outcome.ok and outcome.output_tokens and outcome.output_tokens != outcome.reported:
                 await self.pipeline.progress(call.flow, outcome.output_tokens)
             return response
         except UpstreamFailure as exc:
@@ -490,6 +492,7 @@ class Proxy:
                 await client.write_eof()
             return client
         await reporter.flush()
+        outcome.reported = reporter.sent
         call.usage = relay.usage
         outcome.ok = True
         outcome.output_tokens = relay.generated

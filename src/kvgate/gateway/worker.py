@@ -165,6 +165,15 @@ async def activity_middleware(request: web.Request, handler: Any) -> web.StreamR
         worker.request_ended()
 
 
+@web.middleware
+async def access_unless_owner(request: web.Request, handler: Any) -> web.StreamResponse:
+    """The access log and request metrics, except for requests the owner answers (the
+    owner's app counts those itself)."""
+    if request.match_info.handler is to_owner:
+        return cast(web.StreamResponse, await handler(request))
+    return await access_middleware(request, handler)
+
+
 async def generate(request: web.Request, endpoint: str) -> web.StreamResponse:
     worker = cast(WorkerGateway, request.app[GATEWAY])
     if not worker.models():  # nodes may have been added since the last refresh
@@ -197,7 +206,7 @@ async def to_owner(request: web.Request) -> web.StreamResponse:
 def create_worker_app(config: GatewayConfig, owner_http: str, owner_ipc: str) -> web.Application:
     worker = WorkerGateway(config, owner_http, owner_ipc)
     app = web.Application(
-        middlewares=[activity_middleware, access_middleware, error_middleware],
+        middlewares=[activity_middleware, access_unless_owner, error_middleware],
         client_max_size=config.server.max_body_bytes,
     )
     app[GATEWAY] = cast(Any, worker)

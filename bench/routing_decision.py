@@ -87,16 +87,19 @@ def make_request(rng: random.Random) -> tuple[dict[str, object], RouteRequest]:
             {"role": "user", "content": synthetic_text(2150, rng)},
         ],
     }
-    req = build_route_request(
+    return body, route_request(body, "bench")
+
+
+def route_request(body: dict[str, object], request_id: str) -> RouteRequest:
+    return build_route_request(
         body,
         endpoint="chat",
         headers={},
-        request_id="bench",
+        request_id=request_id,
         tenant="t",
         priority=0,
         config=RoutingConfig().route_key,
     )
-    return body, req
 
 
 def main() -> int:
@@ -147,15 +150,7 @@ def main() -> int:
     print(f"hybrid / round_robin p50 ratio: {ratio:.2f}")
 
     def build() -> None:
-        build_route_request(
-            body,
-            endpoint="chat",
-            headers={},
-            request_id="b",
-            tenant="t",
-            priority=0,
-            config=RoutingConfig().route_key,
-        )
+        route_request(body, "b")
 
     bp50, bp99 = percentiles(timed(build, max(50, args.iterations // 20)))
     print(f"build_route_request (8k tokens) p50={bp50:7.1f} µs  p99={bp99:7.1f} µs")

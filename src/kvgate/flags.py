@@ -22,9 +22,14 @@ FLAG_SPECS: tuple[FlagSpec, ...] = (
     FlagSpec(
         "cache_affinity",
         True,
-        "cache signal ignored; hybrid places every request like a new prefix",
+        "cache signal ignored: hybrid places every request like a new prefix "
+        "(fewest prefixes, then least predicted TTFT)",
     ),
-    FlagSpec("consistent_hashing", True, "no home node; a new prefix's ties are broken by traffic"),
+    FlagSpec(
+        "consistent_hashing",
+        True,
+        "no home node: a new prefix's tie between equally good nodes is broken by traffic, not the ring",
+    ),
     FlagSpec(
         "load_guard", True, "no spill by cost: affinity never leaves a node for its prefill queue"
     ),
@@ -44,7 +49,6 @@ FLAG_SPECS: tuple[FlagSpec, ...] = (
     ),
     FlagSpec("admission", True, "every request is admitted (no quota, no queue)"),
     FlagSpec("dynamic_quota", True, "the cluster total stays at its configured value"),
-    FlagSpec("forecast", True, "the dynamic quota ignores load forecasts (reacts only)"),
     FlagSpec("degrade", True, "over-quota work is queued or rejected, never degraded"),
     FlagSpec(
         "forecast", False, "the dynamic quota reacts to measured load only, not to the forecast"

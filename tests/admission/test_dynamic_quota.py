@@ -132,7 +132,7 @@ def test_bounds_hard_cap_guarantees_and_the_store_value() -> None:
 
 
 def test_a_forecast_pre_scales_unless_its_flag_is_off() -> None:
-    core, clock = make_core(total_quota=10_000)
+    core, clock = make_core(flags={"forecast": True}, total_quota=10_000)  # off by default
     loop = DynamicQuota(core, core.store, capacity=lambda: 1_000_000, forecast=lambda t: 50_000)
     step = run_now(loop.step(clock.now()))
     assert (step.direction, core.total) == ("forecast", 50_000)

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from kvgate.calibrate.profile import CapacityProfile
-from tests.real_engine.llama_server import LlamaServer, missing_reason, start_llama_server
+from kvgate.procs.llama import LlamaServer, missing_reason, start_llama_server
 
 pytestmark = pytest.mark.real_engine
 

@@ -86,6 +86,7 @@ def _anchors(markdown: str) -> set[str]:
     for heading in re.findall(r"^#{1,6} (.+)$", markdown, flags=re.M):
         slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
         anchors.add(slug)
+    anchors.update(re.findall(r'<a id="([^"]+)"></a>', markdown))  # explicit anchors
     return anchors
 
 

@@ -137,7 +137,11 @@ async def test_new_node_gets_traffic_during_warmup(four_engines) -> None:
 
 async def test_reset_prefix_cache_demotes_the_node(four_engines) -> None:
     urls = [e.url for e in four_engines]
-    async with running_gateway(gateway_config(urls)) as gw, aiohttp.ClientSession() as s:
+    # by default one full miss is not a demotion (the request re-cached the prefix itself);
+    # here a single shortfall must demote, to check the mechanism end to end
+    routing = {"scrape_interval_s": 0.5, "feedback_demote_on_full_miss": True}
+    config = gateway_config(urls, routing=routing)
+    async with running_gateway(config) as gw, aiohttp.ClientSession() as s:
         _, headers, _ = await chat(s, gw.url, 300, "a")
         home = headers["X-KVGate-Node"]
         _, headers, body = await chat(s, gw.url, 300, "b")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvgate.kv_events.index import PreciseIndex
 from kvgate.kv_events.metrics import KvEventMetrics
-from kvgate.kv_events.signal import PreciseSignal, bind_signal
+from kvgate.kv_events.signal import PENDING_S, PreciseSignal, bind_signal
 from kvgate.kv_events.wire import BlockRemoved, BlockStored, KVEventBatch
 from tests.routing.conftest import Cluster, group_request
 
@@ -53,6 +53,7 @@ def test_unsynced_nodes_fall_back_to_the_approximate_index() -> None:
     assert _decisions(signal, "mixed") == 1
     # The approximate index also lists n0, but n0's engine truth (empty) wins for n0.
     c.router.index.record("n0", first.block_hashes, c.clock.now())
+    c.clock.advance(2 * PENDING_S)  # past the window a fresh dispatch stands in for events
     d = c.router.route(group_request(3, "c"))
     assert d.node_id == "n1"
 
@@ -65,6 +66,7 @@ def test_flag_off_uses_only_the_approximate_index() -> None:
     signal.index.apply("n0", KVEventBatch(0.0, [BlockStored(req.block_hashes[:32], None)]), 0.0)
     signal.index.apply("n1", KVEventBatch(0.0, []), 0.0)
     c.router.index.record("n1", req.block_hashes, c.clock.now())
+    c.clock.advance(2 * PENDING_S)
     assert c.router.route(req).node_id == "n0"
     c.flags.set("precise_events", False)
     d = c.router.route(req)
@@ -91,9 +93,13 @@ def test_combined_signal_is_precise_where_synced_and_approximate_elsewhere() -> 
     precise.apply("a", KVEventBatch(0.0, [BlockStored(chain[:1], None)]), 0.0)
     approx.record("a", chain, 0.0)  # the guess says a holds all 4: the events say 1
     approx.record("b", chain[:3], 0.0)  # b publishes nothing: the guess is all we have
-    assert signal.match(chain, 0.0) == {"a": 1, "b": 3}
-    assert signal.match(chain, 0.0, ["b"]) == {"b": 3}
-    assert signal.match(chain, 0.0, ["a"]) == {"a": 1}
+    # within the pending window the gateway's own dispatch to a stands in for events not
+    # yet arrived (its prefill is still running); after it, the engine's truth wins
+    assert signal.match(chain, 0.0) == {"a": 4, "b": 3}
+    later = 2 * PENDING_S
+    assert signal.match(chain, later) == {"a": 1, "b": 3}
+    assert signal.match(chain, later, ["b"]) == {"b": 3}
+    assert signal.match(chain, later, ["a"]) == {"a": 1}
     # With an engine tokenizer the precise half is asked with the engine's own hashes.
     precise.apply("a", KVEventBatch(0.0, [BlockStored([91, 92], None)]), 0.0)
-    assert signal.match(chain, 0.0, None, engine_block_hashes=[91, 92, 93]) == {"a": 2, "b": 3}
+    assert signal.match(chain, later, None, engine_block_hashes=[91, 92, 93]) == {"a": 2, "b": 3}

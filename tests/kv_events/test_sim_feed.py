@@ -30,7 +30,11 @@ def test_precise_predictions_track_truth_under_eviction() -> None:
     precise = ClusterSim(workload, config, "precise").run().summary
     hybrid = ClusterSim(workload, config, "hybrid").run().summary
     assert abs(precise["predicted_hit_rate"] - precise["cache_hit_rate"]) < 0.02
-    assert precise["cache_hit_rate"] > hybrid["cache_hit_rate"]
+    # hybrid's index is right here too (it records at dispatch); precise must never do
+    # worse on the truth, and its prediction is at least as close to it
+    assert precise["cache_hit_rate"] >= hybrid["cache_hit_rate"]
+    precise_error = abs(precise["predicted_hit_rate"] - precise["cache_hit_rate"])
+    assert precise_error <= abs(hybrid["predicted_hit_rate"] - hybrid["cache_hit_rate"]) + 1e-9
 
 
 def test_a_flushed_and_a_rejoined_node_resync() -> None:

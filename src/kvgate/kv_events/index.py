@@ -154,9 +154,14 @@ class PreciseIndex:
 
     # -- queries -----------------------------------------------------------------------
     def match(
-        self, block_hashes: Sequence[int], now: float, nodes: Iterable[str] | None = None
+        self,
+        block_hashes: Sequence[int],
+        now: float,
+        nodes: Iterable[str] | None = None,
+        max_age_s: float | None = None,
     ) -> dict[str, int]:
-        """Per synced node holding the first block, how many leading blocks it holds.
+        """Per synced node holding the first block, how many leading blocks it holds
+        (``max_age_s`` is ignored: events say what is cached now, not when it was seen).
 
         Same shape as ``PrefixIndex.match`` (``now`` is unused: events, not time, decide
         what is cached). The engine's own prefix lookup stops at the first missing block;

@@ -15,7 +15,12 @@ from typing import Protocol
 
 class CacheSignal(Protocol):
     def match(
-        self, block_hashes: Sequence[int], now: float, nodes: Iterable[str] | None = None
+        self,
+        block_hashes: Sequence[int],
+        now: float,
+        nodes: Iterable[str] | None = None,
+        max_age_s: float | None = None,
     ) -> dict[str, int]:
-        """Per node, the number of leading blocks of ``block_hashes`` it holds."""
+        """Per node, the number of leading blocks of ``block_hashes`` it holds (seen within
+        ``max_age_s``, where the source keeps ages)."""
         ...

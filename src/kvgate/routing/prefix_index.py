@@ -107,12 +107,17 @@ class PrefixIndex:
         return removed
 
     def match(
-        self, block_hashes: Sequence[int], now: float, nodes: Iterable[str] | None = None
+        self,
+        block_hashes: Sequence[int],
+        now: float,
+        nodes: Iterable[str] | None = None,
+        max_age_s: float | None = None,
     ) -> dict[str, int]:
-        """Per node, the number of leading blocks of ``block_hashes`` it recently served."""
+        """Per node, the number of leading blocks of ``block_hashes`` it recently served
+        (within ``max_age_s`` when given, else the index's TTL)."""
         if not block_hashes:
             return {}
-        cutoff = now - self.ttl_s
+        cutoff = now - (self.ttl_s if max_age_s is None else min(max_age_s, self.ttl_s))
         blocks = self._blocks
         first = blocks.get(block_hashes[0])
         if first is None:

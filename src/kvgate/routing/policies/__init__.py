@@ -27,9 +27,10 @@ for _factory in (
     LeastRequestPolicy,
     RoundRobinPolicy,
     RandomPolicy,
-    PrecisePolicy,
 ):
     register_policy(_factory.name, _factory)
+# precise: hybrid's placement on the engines' KV-event cache signal
+register_policy(PrecisePolicy.name, lambda: PrecisePolicy(HybridPolicy()))
 
 __all__ = [
     "CacheAwarePolicy",

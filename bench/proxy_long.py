@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvgate.procs import EngineProcess, GatewayProcess, start_engine_process, start_gateway_process
 from kvgate.tokens import synthetic_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,10 +56,10 @@ def _tree(pid: int) -> list[int]:
     return pids
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """utime + stime of a process and all its live descendants."""
+def tree_cpu_seconds(pid: int, *, children: bool = True) -> float:
+    """utime + stime of a process and (by default) all its live descendants."""
     total = 0
-    for p in _tree(pid):
+    for p in _tree(pid) if children else [pid]:
         try:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
@@ -219,6 +218,68 @@ def run_async(coro: Any) -> Any:
     return uvloop.run(coro)
 
 
+# -- processes --------------------------------------------------------------------------
+@dataclass
+class Proc:
+    proc: subprocess.Popen[bytes]
+    url: str
+    tmp: tempfile.TemporaryDirectory[str]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.tmp.cleanup()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def spawn(
+    args: list[str], *, health: bool = True, timeout: float = 40.0, src: str | None = None
+) -> Proc:
+    """Run ``args`` + ``--port-file F``; wait for the port (and /health).
+
+    ``src``: import kvgate from this source tree instead (a baseline checkout).
+    """
+    tmp = tempfile.TemporaryDirectory(prefix="kvgate-bench-")
+    port_file = Path(tmp.name) / "port"
+    log = open(Path(tmp.name) / "log", "wb")  # noqa: SIM115
+    env = {**os.environ, "PYTHONPATH": src} if src else None
+    proc = subprocess.Popen([*args, "--port-file", str(port_file)], stdout=log, stderr=log, env=env)
+    deadline = time.monotonic() + timeout
+    while True:
+        text = port_file.read_text().split() if port_file.exists() else []
+        if text:
+            url = f"http://127.0.0.1:{text[0]}"
+            if not health or _healthy(url):
+                return Proc(proc, url, tmp)
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"{args[:4]} did not start: {(Path(tmp.name) / 'log').read_text()}")
+        time.sleep(0.05)
+
+
+def start_engine(args: argparse.Namespace) -> Proc:
+    cmd = [sys.executable, "-m", "kvgate", "engine-sim", "--count", "1", "--base-port", "0"]
+    cmd += ["--profile", args.engine_profile, "--time-scale", str(args.engine_time_scale)]
+    cmd += ["--kv-blocks", str(args.kv_blocks), "--model", "sim"]
+    return spawn(cmd)
+
+
 # -- targets ----------------------------------------------------------------------------
 @dataclass
 class Target:
@@ -229,39 +290,32 @@ class Target:
 
 
 def start_bare(engines: list[str]) -> Target:
-    tmp = tempfile.TemporaryDirectory(prefix="kvgate-bare-")
-    port_file = Path(tmp.name) / "port"
-    log = open(Path(tmp.name) / "log", "wb")  # noqa: SIM115
-    cmd = [sys.executable, str(ROOT / "bench" / "bare_proxy.py"), "--port-file", str(port_file)]
+    cmd = [sys.executable, str(ROOT / "bench" / "bare_proxy.py")]
     for e in engines:
         cmd += ["--backend", e]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 20
-    while not (port_file.exists() and port_file.read_text().strip()):
-        if time.monotonic() > deadline or proc.poll() is not None:
-            raise RuntimeError("bare proxy did not start")
-        time.sleep(0.05)
-
-    def stop() -> None:
-        proc.terminate()
-        proc.wait(timeout=10)
-        log.close()
-        tmp.cleanup()
-
-    return Target(
-        "bare-aiohttp", f"http://127.0.0.1:{port_file.read_text().strip()}", proc.pid, stop
-    )
+    p = spawn(cmd, health=False)
+    return Target("bare-aiohttp", p.url, p.pid, p.stop)
 
 
 def start_kvgate(
-    engines: list[str], policy: str, workers: int, python_args: list[str]
-) -> tuple[Target, GatewayProcess]:
+    engines: list[str],
+    policy: str,
+    workers: int,
+    python_args: list[str],
+    *,
+    src: str | None = None,
+    name: str | None = None,
+) -> Target:
     extra = ["--policy", policy, "--log-level", "warning", "--engine-type", "sim"]
-    if workers != 1:
+    if src is None:  # a baseline checkout may predate --workers
         extra += ["--workers", str(workers)]
-    gw = start_gateway_process(backends=engines, extra_args=extra, python_args=python_args)
-    name = f"kvgate-{policy}-w{workers}"
-    return Target(name, gw.url, gw.pid, gw.stop), gw
+    launcher = python_args or ["-m"]
+    cmd = [sys.executable, *launcher, "kvgate", "serve", "--host", "127.0.0.1"]
+    cmd += ["--port", "0", *extra]
+    for e in engines:
+        cmd += ["--backend", e]
+    p = spawn(cmd, src=src)
+    return Target(name or f"kvgate-{policy}-w{workers}", p.url, p.pid, p.stop)
 
 
 def _engine_cache(engines: list[str]) -> tuple[float, float]:
@@ -280,64 +334,116 @@ def _engine_cache(engines: list[str]) -> tuple[float, float]:
 def add_long_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("long workload")
     g.add_argument("--engines", type=int, default=4)
-    g.add_argument("--engine-time-scale", type=float, default=20.0)
+    g.add_argument("--engine-profile", default="llama3-8b-h100")
+    g.add_argument("--engine-time-scale", type=float, default=1.0)
     g.add_argument("--kv-blocks", type=int, default=2048)
     g.add_argument("--system-prompts", type=int, default=6)
     g.add_argument("--prompt-tokens", type=int, default=2000)
     g.add_argument("--chunks", type=int, default=48)
     g.add_argument("--pool", type=int, default=4000, help="distinct request bodies")
     g.add_argument("--seed", type=int, default=7)
-    g.add_argument("--cpu-requests", type=int, default=600)
+    g.add_argument("--cpu-requests", type=int, default=900)
     g.add_argument("--cpu-concurrency", type=int, default=24)
+    g.add_argument("--rounds", type=int, default=3, help="interleaved closed-loop rounds")
     g.add_argument("--rate", type=float, default=100.0, help="fixed rate for added TTFT")
     g.add_argument("--duration", type=float, default=5.0, help="seconds per open-loop run")
-    g.add_argument("--ramp", type=float, nargs="*", default=[100, 150, 200, 250, 300, 400])
+    g.add_argument("--ramp", type=float, nargs="*", default=[10, 25, 50, 100, 150, 200, 300])
     g.add_argument("--p99-bound-ms", type=float, default=50.0)
-    g.add_argument("--workers", type=int, nargs="+", default=[1], help="kvgate worker counts")
+    g.add_argument(
+        "--workers", type=int, nargs="+", default=[1, 2], help="kvgate hybrid worker counts"
+    )
     g.add_argument("--rows", nargs="+", default=["bare", "round_robin", "hybrid"])
     g.add_argument("--profile", help="cProfile the kvgate hybrid (1 worker) gateway to FILE")
+    g.add_argument(
+        "--baseline-src",
+        help="also run kvgate hybrid imported from this src/ tree (e.g. a checkout of main)",
+    )
+    g.add_argument("--profile-baseline", help="cProfile the baseline gateway to FILE")
+
+
+@dataclass
+class _CpuTally:
+    cpu: float = 0.0
+    own: float = 0.0
+    ok: int = 0
+    errors: int = 0
+    wall: float = 0.0
+    hits: float = 0.0
+    queries: float = 0.0
+    ttft: list[float] = field(default_factory=list)
 
 
 def _phase_cpu(
-    t: Target, bodies: list[bytes], args: argparse.Namespace, engines: list[str]
-) -> dict[str, Any]:
-    h0, q0 = _engine_cache(engines)
-    cpu0 = tree_cpu_seconds(t.pid) if t.pid else 0.0
-    s = run_async(_closed_loop(t.url, bodies, args.cpu_requests, args.cpu_concurrency))
-    cpu = (tree_cpu_seconds(t.pid) - cpu0) if t.pid else 0.0
-    h1, q1 = _engine_cache(engines)
-    ok = s.sent - s.errors
-    return {
-        "cpu_us_per_request": round(cpu / max(ok, 1) * 1e6, 1) if t.pid else None,
-        "closed_loop_rps": round(ok / s.wall, 1),
-        "closed_loop_ttft_p50_ms": round(s.pct(0.5) * 1e3, 2),
-        "errors": s.errors,
-        "engine_hit_rate": round((h1 - h0) / (q1 - q0), 4) if q1 > q0 else None,
-    }
+    targets: list[Target], bodies: list[bytes], args: argparse.Namespace, engines: list[str]
+) -> dict[str, dict[str, Any]]:
+    """Closed loop, interleaved: ``--rounds`` rounds, each target in turn per round, so
+    the shared machine's changing load falls on every target alike."""
+    tally = {t.name: _CpuTally() for t in targets}
+    per_round = max(1, args.cpu_requests // args.rounds)
+    for r in range(args.rounds):
+        for t in targets:
+            assert t.pid is not None
+            h0, q0 = _engine_cache(engines)
+            cpu0, own0 = tree_cpu_seconds(t.pid), tree_cpu_seconds(t.pid, children=False)
+            offset = r * per_round
+            s = run_async(
+                _closed_loop(
+                    t.url, bodies[offset:] + bodies[:offset], per_round, args.cpu_concurrency
+                )
+            )
+            x = tally[t.name]
+            x.cpu += tree_cpu_seconds(t.pid) - cpu0
+            x.own += tree_cpu_seconds(t.pid, children=False) - own0
+            h1, q1 = _engine_cache(engines)
+            x.hits, x.queries = x.hits + h1 - h0, x.queries + q1 - q0
+            x.ok += s.sent - s.errors
+            x.errors += s.errors
+            x.wall += s.wall
+            x.ttft += s.ttft
+    out = {}
+    for name, x in tally.items():
+        ttft = sorted(x.ttft)
+        out[name] = {
+            # with workers: the decision owner's own share (admission, routing, IPC)
+            "main_process_cpu_us_per_request": round(x.own / max(x.ok, 1) * 1e6, 1),
+            "cpu_us_per_request": round(x.cpu / max(x.ok, 1) * 1e6, 1),
+            "closed_loop_rps": round(x.ok / x.wall, 1),
+            "closed_loop_ttft_p50_ms": round(ttft[len(ttft) // 2] * 1e3, 2) if ttft else None,
+            "errors": x.errors,
+            "engine_hit_rate": round(x.hits / x.queries, 4) if x.queries else None,
+        }
+    return out
+
+
+def _profiler(out: str | None) -> list[str]:
+    return [str(ROOT / "bench" / "cpu_profile.py"), out, "-m"] if out else []
 
 
 def run_long(args: argparse.Namespace) -> int:
-    engine_procs: list[EngineProcess] = []
+    engine_procs: list[Proc] = []
     targets: list[Target] = []
     results: dict[str, dict[str, Any]] = {}
     try:
         for _ in range(args.engines):
-            engine_procs.append(
-                start_engine_process(
-                    time_scale=args.engine_time_scale, kv_blocks=args.kv_blocks, model="sim"
-                )
-            )
+            engine_procs.append(start_engine(args))
         engines = [p.url for p in engine_procs]
         bodies = build_bodies(args, "sim")
         if "bare" in args.rows:
             targets.append(start_bare(engines))
+        if args.baseline_src:
+            py = _profiler(args.profile_baseline)
+            targets.append(
+                start_kvgate(
+                    engines, "hybrid", 1, py, src=args.baseline_src, name="baseline-hybrid"
+                )
+            )
         for policy in ("round_robin", "hybrid"):
             if policy not in args.rows:
                 continue
-            for w in args.workers:
+            for w in args.workers if policy == "hybrid" else [1]:
                 profiling = args.profile and policy == "hybrid" and w == 1
-                py = ["-m", "cProfile", "-o", args.profile] if profiling else []
-                targets.append(start_kvgate(engines, policy, w, py)[0])
+                py = _profiler(args.profile) if profiling else []
+                targets.append(start_kvgate(engines, policy, w, py))
         # Direct: the engine-sims are one process per engine; spread over them through
         # a client per engine, i.e. what a perfect zero-cost round-robin proxy would do.
         direct = DirectSpread(engines)
@@ -347,9 +453,9 @@ def run_long(args: argparse.Namespace) -> int:
 
         rows = {t.name: {} for t in targets}
         # 1. CPU per request, closed loop
-        for t in targets:
-            rows[t.name].update(_phase_cpu(t, bodies, args, engines))
-            print(t.name, json.dumps(rows[t.name]), flush=True)
+        for name, row in _phase_cpu(targets, bodies, args, engines).items():
+            rows[name].update(row)
+            print(name, json.dumps(row), flush=True)
         # 2. added TTFT at the fixed rate (and CPU/request there)
         base = run_async(direct.open(bodies, args.rate, args.duration, 0))
         for t in targets:

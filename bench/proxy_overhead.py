@@ -36,9 +36,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.proxy_long import add_long_arguments, run_long  # noqa: E402
-
-from kvgate.procs import start_engine_process, start_gateway_process  # noqa: E402
+from bench.proxy_long import add_long_arguments, run_long, spawn  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -110,9 +108,11 @@ def main() -> int:
     if args.engine_url:
         engine_url = args.engine_url.rstrip("/")
     else:
-        engine_proc = start_engine_process(time_scale=args.time_scale)
+        engine_cmd = [sys.executable, "-m", "kvgate", "engine-sim", "--count", "1"]
+        engine_proc = spawn([*engine_cmd, "--base-port", "0", "--time-scale", str(args.time_scale)])
         engine_url = engine_proc.url
-    gateway = start_gateway_process(backends=[engine_url], extra_args=["--log-level", "warning"])
+    serve = [sys.executable, "-m", "kvgate", "serve", "--host", "127.0.0.1", "--port", "0"]
+    gateway = spawn([*serve, "--backend", engine_url, "--log-level", "warning", "--workers", "1"])
     results = []
     try:
         model = model_of(engine_url)

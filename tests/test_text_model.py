@@ -67,3 +67,18 @@ def test_manual_clock_and_run_now() -> None:
 
     with pytest.raises(WouldSuspend):
         run_now(suspends())
+
+
+def test_head_cache_gives_the_plain_hashes() -> None:
+    import random
+
+    from kvgate.tokens import synthetic_text, text_block_hashes, text_block_hashes_with_head
+
+    rng = random.Random(3)
+    system = "<|system|>\n" + synthetic_text(203, rng) + "\n"
+    for rest in ("<|user|>\nhi there\n<|assistant|>\n", " space first", "\nnewline", "x1 2 3"):
+        text = system + rest
+        for _ in range(2):  # cold, then from the cache
+            assert text_block_hashes_with_head(text, len(system)) == text_block_hashes(text)
+    odd = "<|system|>\nends mid word"
+    assert text_block_hashes_with_head(odd + "more", len(odd)) == text_block_hashes(odd + "more")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import xxhash
@@ -63,6 +64,40 @@ def text_block_hashes(text: str, block_size: int = BLOCK_SIZE) -> tuple[int, lis
     """(token count, chained full-block hashes) of a prompt text."""
     pieces = tokenize(text)
     return len(pieces), block_hashes(pieces, block_size)
+
+
+_HEAD_CACHE: OrderedDict[str, tuple[int, list[int], list[str]]] = OrderedDict()
+HEAD_CACHE_SIZE = 512
+
+
+def text_block_hashes_with_head(
+    text: str, head_len: int, block_size: int = BLOCK_SIZE
+) -> tuple[int, list[int]]:
+    """``text_block_hashes(text)``, reusing the work for ``text[:head_len]`` across calls.
+
+    The head (a system prompt shared by many requests) is tokenized and hashed once and
+    kept in an LRU. Exact only where no token crosses the cut: the head ends with a
+    newline and the rest starts with a non-space character (then every token pattern
+    stops at the cut); otherwise this is the plain computation.
+    """
+    if not 0 < head_len < len(text) or text[head_len - 1] != "\n" or text[head_len].isspace():
+        return text_block_hashes(text, block_size)
+    head = text[:head_len]
+    cached = _HEAD_CACHE.get(head)
+    if cached is None:
+        pieces = tokenize(head)
+        hashes = block_hashes(pieces, block_size)
+        cached = (len(pieces), hashes, pieces[len(hashes) * block_size :])
+        _HEAD_CACHE[head] = cached
+        if len(_HEAD_CACHE) > HEAD_CACHE_SIZE:
+            _HEAD_CACHE.popitem(last=False)
+    else:
+        _HEAD_CACHE.move_to_end(head)
+    n_head, head_hashes, leftover = cached
+    rest = tokenize(text[head_len:])
+    parent = head_hashes[-1] if head_hashes else ROOT_HASH
+    more = block_hashes(leftover + rest, block_size, parent)
+    return n_head + len(rest), head_hashes + more
 
 
 _WORD_LIST = (

@@ -52,6 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--port-file", help="write the bound port here once listening")
     parser.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="log verbosity")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="proxy worker processes sharing the port (default: number of cores); "
+        "1 = everything in one process",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -108,10 +115,17 @@ def run(args: argparse.Namespace) -> int:
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    from kvgate.gateway.workers import default_workers
+
     try:
-        config = parse_config(config_from_args(args))
+        data = config_from_args(args)
+        config = parse_config(data)
     except ConfigError as exc:
         print(f"kvgate serve: invalid config: {exc}", file=sys.stderr)
+        return 2
+    workers = default_workers() if args.workers is None else args.workers
+    if workers < 1:
+        print("kvgate serve: invalid --workers: must be at least 1", file=sys.stderr)
         return 2
     if not config.nodes:
         logging.getLogger("kvgate.gateway").warning(
@@ -128,8 +142,44 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # e.g. a tokenizer file that does not load
         print(f"kvgate serve: invalid config: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(_serve(app, config.server.host, config.server.port, args.port_file))
+    if workers == 1:
+        asyncio.run(_serve(app, config.server.host, config.server.port, args.port_file))
+    else:
+        asyncio.run(_serve_workers(app, data, config, workers, args.port_file, args.log_level))
     return 0
+
+
+async def _serve_workers(
+    app: Any, data: dict[str, Any], config: Any, workers: int, port_file: str | None, level: str
+) -> None:
+    """One decision owner (this process) and ``workers`` proxy processes on one port."""
+    import signal
+
+    from kvgate.gateway.workers import WorkerSet
+
+    group = WorkerSet(
+        app,
+        data,
+        workers=workers,
+        host=config.server.host,
+        port=config.server.port,
+        log_level=level,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        bound = await group.start()
+        logging.getLogger("kvgate.gateway").info(
+            "listening on http://%s:%s with %d workers", config.server.host, bound, workers
+        )
+        if port_file:
+            with open(port_file, "w") as f:
+                f.write(str(bound))
+        await stop.wait()
+    finally:
+        await group.stop()
 
 
 async def _serve(app: Any, host: str, port: int, port_file: str | None) -> None:

@@ -247,6 +247,8 @@ class Gateway:
             await self.node_registry.stop()
         await self.admission.stop()
         await self.kv_events.stop()
+        if self.proxy:
+            self.proxy.close()
         if self.session:
             await self.session.close()
         if self._owns_store:

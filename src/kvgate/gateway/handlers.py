@@ -266,6 +266,9 @@ async def _generate(
         raw_body=raw_out,
     )
     if flow.run_async:
+        remote_job = getattr(gateway, "remote_job", None)  # a proxy worker: the owner runs it
+        if remote_job is not None:
+            return await remote_job(call)  # type: ignore[no-any-return]
         return start_async_job(gateway, call, result, tenant.name)
 
     try:
@@ -315,12 +318,7 @@ async def _run_job(gateway: Gateway, call: Call, result: AdmissionResult, job_id
         gateway.pipeline.accept(call.flow, result)  # the final decision now holds (or not)
         if result.kind is AdmissionKind.REJECT:
             raise rejection_error(result)
-        admitted = result
-
-        async def progress(generated: int) -> None:  # against the reservation it now holds
-            await gateway.admission.progress(admitted, generated)
-
-        call.on_progress = progress
+        # progress goes against the reservation it now holds (the pipeline's, via accept)
         assert gateway.proxy is not None
         response = await gateway.proxy.forward(call, None)
         assert isinstance(response, web.Response)

@@ -4,9 +4,16 @@ Every decision is the pipeline's (``kvgate.pipeline``): which node an attempt go
 whether a failure is retried (only before any byte reached the client, only retryable
 failures, never to a node tried or ejected, within the retry budget), and what the
 router, admission and the outlier detector learn from each attempt. This module sends
-bytes and reports each attempt's outcome exactly once.
+bytes and reports each attempt's outcome exactly once. The pipeline may be the
+in-process ``RequestPipeline`` or, in a proxy worker of ``kvgate serve --workers N``, its
+remote stand-in (``kvgate.gateway.remote``); both answer the same calls.
 
-Per attempt: connect timeout (session), first-byte timeout (when it passes the engine's
+Bytes move below aiohttp's client (``kvgate.gateway.upstream`` + ``bytepath``): the
+client's body is forwarded untouched unless a field must change, a streamed answer is
+relayed from ``data_received`` straight to the client's transport, one write per
+upstream read, with no per-chunk coroutine or JSON work.
+
+Per attempt: connect timeout, first-byte timeout (when it passes the engine's
 ``/health`` is probed; an engine that does not answer it is hung: the attempt fails and
 is retried elsewhere, while a busy but alive engine is waited for), and an inter-chunk
 idle timeout. An engine's answer about the request itself (4xx, a 500) is returned as
@@ -16,38 +23,54 @@ the engine said it; 502/503/504 and 429 (overload) are retryable failures.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
 
+from kvgate.gateway.bytepath import SseRelay, strip_null_usage
 from kvgate.gateway.errors import ApiError, sse_error_event
 from kvgate.gateway.metrics import GatewayMetrics
-from kvgate.gateway.sse import SseSplitter
-from kvgate.gateway.usage import (
-    Usage,
-    chunk_generated_tokens,
-    client_wants_usage,
-    is_usage_only_chunk,
-    parse_usage,
-    with_usage_requested,
-)
+from kvgate.gateway.upstream import Exchange, Head, UpstreamError, UpstreamPool
+from kvgate.gateway.usage import Usage, client_wants_usage, parse_usage, with_usage_requested
 from kvgate.pipeline import Failure, Flow, GiveUp, retryable_status
 from kvgate.types import RouteDecision, RouteRequest
-
-if TYPE_CHECKING:
-    from kvgate.pipeline import RequestPipeline
 
 log = logging.getLogger("kvgate.gateway")
 
 ProgressCallback = Callable[[int], Awaitable[None]]
+
+
+class Decisions(Protocol):
+    """What the proxy asks of the request pipeline (``RequestPipeline`` or its remote)."""
+
+    # a decision at once, or (a remote retry) an awaitable of one; GiveUp when none
+    def next_attempt(self, flow: Flow) -> RouteDecision | Awaitable[RouteDecision]: ...
+
+    def attempt_failed(self, flow: Flow, decision: RouteDecision, failure: Failure) -> object: ...
+
+    def attempt_done(
+        self,
+        flow: Flow,
+        decision: RouteDecision,
+        *,
+        ok: bool,
+        cached_tokens: int | None = None,
+        output_tokens: int = 0,
+        broken: str | None = None,
+    ) -> None: ...
+
+    async def progress(self, flow: Flow, generated_tokens: int) -> None: ...
+
+    def cancelled(self, stage: str) -> None: ...
+
 
 # Hop-by-hop and gateway-owned headers are never copied from the engine's answer.
 _SKIP_UPSTREAM_HEADERS = frozenset(
@@ -96,7 +119,6 @@ class Call:
     flow: Flow  # the request's way through the pipeline
     started: float  # time.perf_counter() at arrival
     headers: dict[str, str] = field(default_factory=dict)  # extra response headers
-    on_progress: ProgressCallback | None = None
     raw_body: bytes | None = None  # the client's bytes, forwarded as-is when body is unchanged
     # filled in as the call proceeds, for logs and metrics
     decision: RouteDecision | None = None
@@ -118,6 +140,7 @@ class _Outcome:
     cached_tokens: int | None = None
     output_tokens: int = 0
     broken: str | None = None  # the engine failed after the client got bytes
+    reported: int = 0  # the generated count the pipeline already has (streams)
 
 
 class Proxy:
@@ -125,7 +148,7 @@ class Proxy:
         self,
         *,
         session: aiohttp.ClientSession,
-        pipeline: RequestPipeline,
+        pipeline: Decisions,
         node_url: Callable[[str], str | None],
         metrics: GatewayMetrics,
         upstream_timeout_s: float,
@@ -134,7 +157,7 @@ class Proxy:
         probe_timeout_s: float = 1.0,
         progress_batch_tokens: int = 16,
     ) -> None:
-        self.session = session
+        self.session = session  # health probes; the byte path has its own pool
         self.pipeline = pipeline
         self.node_url = node_url
         self.metrics = metrics
@@ -143,16 +166,18 @@ class Proxy:
         self.idle_timeout_s = idle_timeout_s
         self.probe_timeout_s = probe_timeout_s
         self.progress_batch_tokens = progress_batch_tokens
+        self.pool = UpstreamPool(connect_timeout_s=session.timeout.sock_connect or 3.0)
         # one health check per engine at a time, shared by every attempt waiting on it
         self._health: dict[str, tuple[float, asyncio.Future[bool]]] = {}
 
     async def forward(self, call: Call, request: web.Request | None) -> web.StreamResponse:
         """Dispatch with retries; ``request`` is None for background (async job) calls."""
         flow = call.flow
-        call.on_progress = partial(self.pipeline.progress, flow)
         while True:
             try:
                 decision = self.pipeline.next_attempt(flow)
+                if not isinstance(decision, RouteDecision):
+                    decision = await decision
             except GiveUp as stop:
                 headers = {}
                 if stop.retry_after_s is not None:
@@ -186,7 +211,8 @@ class Proxy:
                 response = await self._stream(call, decision, base, request, outcome)
             else:
                 response = await self._unary(call, decision, base, outcome)
-            if outcome.ok and outcome.output_tokens:  # the final count (streams report batches)
+            # the final count (streams report batches; the last batch may already be it)
+            if outcome.ok and outcome.output_tokens and outcome.output_tokens != outcome.reported:
                 await self.pipeline.progress(call.flow, outcome.output_tokens)
             return response
         except UpstreamFailure as exc:
@@ -218,9 +244,9 @@ class Proxy:
         node = decision.node_id
         # predicted vs. actual cached tokens are counted by the router (hit feedback)
         if usage.prompt_tokens is not None:
-            self.metrics.prompt_tokens.labels(node).inc(usage.prompt_tokens)
+            self.metrics.child(self.metrics.prompt_tokens, node).inc(usage.prompt_tokens)
         if usage.completion_tokens is not None:
-            self.metrics.completion_tokens.labels(node).inc(usage.completion_tokens)
+            self.metrics.child(self.metrics.completion_tokens, node).inc(usage.completion_tokens)
 
     def response_headers(self, call: Call, decision: RouteDecision) -> dict[str, str]:
         return {
@@ -231,50 +257,49 @@ class Proxy:
             **call.headers,
         }
 
+    # -- sending -------------------------------------------------------------------------
     async def _post(
-        self, base: str, call: Call, body: dict[str, Any] | None
-    ) -> aiohttp.ClientResponse:
-        if body is None and call.raw_body is not None:
-            data = call.raw_body
-        else:
-            data = json.dumps(body if body is not None else call.body, ensure_ascii=False).encode()
-        # the idle timeout also bounds the wait for a stream's headers; a non-streamed
-        # answer's headers come when it is done, which the first-byte check governs
-        timeout = aiohttp.ClientTimeout(
-            total=self.upstream_timeout_s,
-            sock_read=self.idle_timeout_s if call.stream else None,
-        )
-        sending = asyncio.ensure_future(
-            self.session.post(
-                base + call.path,
-                data=data,
-                headers={"Content-Type": "application/json", "X-Request-Id": call.request_id},
-                timeout=timeout,
-            )
-        )
-        try:
-            while True:
-                done, _ = await asyncio.wait({sending}, timeout=self.first_byte_timeout_s)
-                if done:
-                    return sending.result()
-                if not await self._alive(base):
-                    raise UpstreamFailure(
-                        "timeout",
-                        f"no first byte within {self.first_byte_timeout_s:g}s and "
-                        "the engine does not answer /health",
-                        status=504,
-                    )
-        except aiohttp.ServerDisconnectedError as exc:  # died while working on the request
-            raise UpstreamFailure("disconnected", f"{type(exc).__name__}: {exc}") from None
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-            raise UpstreamFailure("connect", f"{type(exc).__name__}: {exc}") from None
-        except TimeoutError:
-            raise UpstreamFailure("timeout", "upstream timed out", status=504) from None
-        finally:
-            if not sending.done():  # a failed attempt or a client that left
-                sending.cancel()
-                with contextlib.suppress(BaseException):
-                    await sending
+        self, base: str, call: Call, data: bytes, deadline: float
+    ) -> tuple[Exchange, Head]:
+        """Send the request and wait for the answer's head (first-byte rule), or fail."""
+        host, port, prefix, tls = _address(base)
+        request = _request_bytes(host, port, prefix + call.path, call.request_id, data)
+        for fresh in (False, True):
+            exchange: Exchange | None = None
+            try:
+                async with asyncio.timeout_at(deadline):
+                    exchange = await self.pool.open(host, port, request, tls=tls)
+                    return exchange, await self._head(exchange, base)
+            except UpstreamError as exc:
+                if exchange is not None:
+                    exchange.abort()
+                # a pooled keep-alive connection the engine had already closed: once more
+                if not fresh and exc.before_response and exchange is not None and exchange.reused:
+                    continue
+                raise UpstreamFailure(exc.kind, str(exc)) from None
+            except TimeoutError:
+                if exchange is not None:
+                    exchange.abort()
+                raise UpstreamFailure("timeout", "upstream timed out", status=504) from None
+            except BaseException:  # a failed probe or a client that left: the request goes
+                if exchange is not None:
+                    exchange.abort()
+                raise
+        raise AssertionError("unreachable")
+
+    async def _head(self, exchange: Exchange, base: str) -> Head:
+        waiter = exchange.head_future
+        while True:
+            done, _ = await asyncio.wait({waiter}, timeout=self.first_byte_timeout_s)
+            if done:
+                return waiter.result()
+            if not await self._alive(base):
+                raise UpstreamFailure(
+                    "timeout",
+                    f"no first byte within {self.first_byte_timeout_s:g}s and "
+                    "the engine does not answer /health",
+                    status=504,
+                )
 
     async def _alive(self, base: str) -> bool:
         """Whether the engine still answers its health check (busy is fine, hung is not)."""
@@ -293,48 +318,63 @@ class Proxy:
         except (aiohttp.ClientError, TimeoutError, OSError):
             return False
 
+    def _deadline(self) -> float:
+        return asyncio.get_running_loop().time() + self.upstream_timeout_s
+
+    # -- non-streamed --------------------------------------------------------------------
     async def _unary(
         self, call: Call, decision: RouteDecision, base: str, outcome: _Outcome
     ) -> web.Response:
-        resp = await self._post(base, call, None)
+        deadline = self._deadline()
+        exchange, head = await self._post(base, call, _body_bytes(call, False), deadline)
         try:
-            payload = await resp.read()
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-            raise UpstreamFailure("read", f"{type(exc).__name__}: {exc}") from None
-        except TimeoutError:
-            raise UpstreamFailure("timeout", "upstream timed out", status=504) from None
+            payload = await self._read(exchange, deadline)
         finally:
-            resp.release()
-        kind = _failure_status(resp.status)
+            exchange.release()
+        kind = _failure_status(head.status)
         if kind is not None:
-            raise UpstreamFailure(kind, f"node answered HTTP {resp.status}")
-        if resp.content_type == "application/json":
+            raise UpstreamFailure(kind, f"node answered HTTP {head.status}")
+        if head.content_type == "application/json":
             try:
                 parsed = json.loads(payload)
             except ValueError:
                 parsed = None
             if isinstance(parsed, dict):
                 call.usage = parse_usage(parsed)
-        outcome.ok = resp.status < 400
+        outcome.ok = head.status < 400
         if call.usage is not None:
             outcome.cached_tokens = call.usage.cached_tokens
             outcome.output_tokens = call.usage.completion_tokens or 0
-        self.metrics.ttft.labels(call.endpoint).observe(time.perf_counter() - call.started)
-        return self._answer(call, decision, resp, payload)
+        self.metrics.child(self.metrics.ttft, call.endpoint).observe(
+            time.perf_counter() - call.started
+        )
+        return self._answer(call, decision, head, payload)
+
+    @staticmethod
+    async def _read(exchange: Exchange, deadline: float) -> bytes:
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await exchange.read()
+        except UpstreamError as exc:
+            raise UpstreamFailure("read", str(exc)) from None
+        except TimeoutError:
+            exchange.abort()
+            raise UpstreamFailure("timeout", "upstream timed out", status=504) from None
 
     def _answer(
-        self, call: Call, decision: RouteDecision, resp: aiohttp.ClientResponse, payload: bytes
+        self, call: Call, decision: RouteDecision, head: Head, payload: bytes
     ) -> web.Response:
         """The engine's non-streamed answer, with its headers and kvgate's."""
-        headers = _passthrough_headers(resp)
+        headers = _passthrough_headers(head)
         headers.update(self.response_headers(call, decision))
         return web.Response(
-            status=resp.status,
+            status=head.status,
             body=payload,
             headers=headers,
-            content_type=resp.content_type or "application/json",
+            content_type=head.content_type or "application/json",
         )
 
+    # -- streamed ------------------------------------------------------------------------
     async def _stream(
         self,
         call: Call,
@@ -344,90 +384,97 @@ class Proxy:
         outcome: _Outcome,
     ) -> web.StreamResponse:
         inject = not client_wants_usage(call.body)
-        resp = await self._post(base, call, with_usage_requested(call.body) if inject else None)
+        deadline = self._deadline()
+        exchange, head = await self._post(base, call, _body_bytes(call, inject), deadline)
         try:
-            kind = _failure_status(resp.status)
+            kind = _failure_status(head.status)
             if kind is not None:
-                raise UpstreamFailure(kind, f"node answered HTTP {resp.status}")
-            if resp.status != 200 or resp.content_type != "text/event-stream":
-                return await self._plain_answer(call, decision, resp, outcome)
+                raise UpstreamFailure(kind, f"node answered HTTP {head.status}")
+            if head.status != 200 or head.content_type != "text/event-stream":
+                payload = await self._read(exchange, deadline)
+                outcome.ok = head.status < 400
+                return self._answer(call, decision, head, payload)
             if inject:
                 self.metrics.usage_injected.inc()
-            return await self._relay_events(call, decision, resp, request, outcome, inject)
+            return await self._relay_events(
+                call, decision, exchange, request, outcome, inject, deadline
+            )
         finally:
-            resp.close()
+            exchange.release()  # pooled after a clean end, else closed (the engine stops)
 
-    async def _plain_answer(
-        self,
-        call: Call,
-        decision: RouteDecision,
-        resp: aiohttp.ClientResponse,
-        outcome: _Outcome,
-    ) -> web.Response:
-        try:
-            payload = await resp.read()
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-            raise UpstreamFailure("read", f"{type(exc).__name__}: {exc}") from None
-        outcome.ok = resp.status < 400
-        return self._answer(call, decision, resp, payload)
+    async def _open_client(
+        self, call: Call, decision: RouteDecision, request: web.Request, first: bytes
+    ) -> web.StreamResponse:
+        headers = self.response_headers(call, decision)
+        headers["Cache-Control"] = "no-cache"
+        client = web.StreamResponse(status=200, headers=headers)
+        client.content_type = "text/event-stream"
+        await client.prepare(request)
+        self.metrics.child(self.metrics.ttft, call.endpoint).observe(
+            time.perf_counter() - call.started
+        )
+        await client.write(first)  # the head and the first events leave together
+        return client
+
+    async def _wait_idle(
+        self, relay: SseRelay, waiter: asyncio.Future[Any], deadline: float
+    ) -> None:
+        """Wait for ``waiter`` while bytes keep coming: TimeoutError after an idle gap or
+        at the deadline (no per-chunk timer: the relay counts reads, checked per gap)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            seen = relay.reads
+            left = deadline - loop.time()
+            if left <= 0:
+                raise TimeoutError
+            done, _ = await asyncio.wait({waiter}, timeout=min(self.idle_timeout_s, left))
+            if done:
+                waiter.result()  # raises the exchange's failure, if any
+                return
+            if relay.reads == seen:
+                raise TimeoutError
 
     async def _relay_events(
         self,
         call: Call,
         decision: RouteDecision,
-        resp: aiohttp.ClientResponse,
+        exchange: Exchange,
         request: web.Request,
         outcome: _Outcome,
         strip_usage: bool,
+        deadline: float,
     ) -> web.StreamResponse:
+        reporter = _ProgressReporter(self.pipeline, call.flow)
+        relay = SseRelay(
+            exchange,
+            strip_usage=strip_usage,
+            on_progress=reporter.report,
+            progress_batch=self.progress_batch_tokens,
+        )
+        exchange.attach(relay.feed)
+        relay.wake_on_end()
         client: web.StreamResponse | None = None
-        splitter = SseSplitter()
-        generated = 0
-        reported = 0
-        done = False
-
-        async def send(data: bytes) -> None:
-            nonlocal client
-            if client is None:
-                headers = self.response_headers(call, decision)
-                headers["Cache-Control"] = "no-cache"
-                client = web.StreamResponse(status=200, headers=headers)
-                client.content_type = "text/event-stream"
-                await client.prepare(request)
-                self.metrics.ttft.labels(call.endpoint).observe(time.perf_counter() - call.started)
-            await client.write(data)
-
         try:
-            async for chunk in resp.content.iter_any():
-                for event in splitter.feed(chunk):
-                    if event.is_done:
-                        done = True
-                        await send(event.raw + b"\n\n")
-                        continue
-                    data = event.json()
-                    if data is not None:
-                        usage = parse_usage(data)
-                        if usage is not None:
-                            call.usage = usage
-                        if strip_usage and is_usage_only_chunk(data):
-                            continue
-                        generated += chunk_generated_tokens(data)
-                        if strip_usage and "usage" in data:
-                            # the client did not ask for usage: hide the injected null field
-                            await send(strip_null_usage(event.raw) + b"\n\n")
-                            continue
-                    await send(event.raw + b"\n\n")
-                if call.on_progress and generated - reported >= self.progress_batch_tokens:
-                    reported = generated
-                    await call.on_progress(generated)
-            if not done:
-                raise aiohttp.ClientPayloadError("stream ended without [DONE]")
+            await self._wait_idle(relay, relay.ready, deadline)
+            first = relay.take_held()
+            if first:
+                client = await self._open_client(call, decision, request, first)
+                transport = request.transport
+                if transport is None:
+                    raise ConnectionResetError("client went away")
+                chunked = client.headers.get("Transfer-Encoding", "").lower() == "chunked"
+                relay.go_live(transport, chunked=chunked)
+            await self._wait_idle(relay, exchange.done_future, deadline)
+            if relay.client_gone:
+                raise ConnectionResetError("client went away")
+            if not relay.done:
+                raise UpstreamError("stream_broken", "stream ended without [DONE]")
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-            self.metrics.client_disconnects.inc()
-            log.info("client went away request_id=%s node=%s", call.request_id, decision.node_id)
-            outcome.output_tokens = generated
-            return client or web.StreamResponse(status=499)
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+            return await self._client_gone(call, decision, relay, outcome, client, reporter)
+        except (UpstreamError, TimeoutError) as exc:
+            if relay.client_gone:
+                return await self._client_gone(call, decision, relay, outcome, client, reporter)
+            exchange.abort()
             kind = "timeout" if isinstance(exc, TimeoutError) else "stream_broken"
             if client is None:
                 raise UpstreamFailure(kind, f"{type(exc).__name__}: {exc}") from None
@@ -435,24 +482,79 @@ class Proxy:
             log.warning(
                 "stream broke request_id=%s node=%s: %s", call.request_id, decision.node_id, exc
             )
-            outcome.output_tokens = generated
+            outcome.output_tokens = relay.generated
+            call.usage = relay.usage
+            await reporter.flush()
             with _suppress_disconnect():
                 await client.write(
                     sse_error_event(f"engine {decision.node_id} failed mid-stream", code=kind)
                 )
+                await client.write_eof()
             return client
+        await reporter.flush()
+        outcome.reported = reporter.sent
+        call.usage = relay.usage
         outcome.ok = True
-        outcome.output_tokens = generated
+        outcome.output_tokens = relay.generated
         if call.usage is not None:
             outcome.cached_tokens = call.usage.cached_tokens
             if call.usage.completion_tokens is not None:
                 outcome.output_tokens = call.usage.completion_tokens
-        if client is None:  # an engine that sent only [DONE]: still answer as a stream
-            await send(b"")
-        assert client is not None
+        if client is None:  # an engine that sent nothing but the end: still answer a stream
+            client = await self._open_client(call, decision, request, b"")
         with _suppress_disconnect():
             await client.write_eof()
         return client
+
+    async def _client_gone(
+        self,
+        call: Call,
+        decision: RouteDecision,
+        relay: SseRelay,
+        outcome: _Outcome,
+        client: web.StreamResponse | None,
+        reporter: _ProgressReporter,
+    ) -> web.StreamResponse:
+        relay.exchange.abort()
+        await reporter.flush()
+        call.usage = relay.usage
+        self.metrics.client_disconnects.inc()
+        log.info("client went away request_id=%s node=%s", call.request_id, decision.node_id)
+        outcome.output_tokens = relay.generated
+        return client or web.StreamResponse(status=499)
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+class _ProgressReporter:
+    """Generated-token progress from the byte path to the pipeline, batched.
+
+    The relay reports synchronously (inside ``data_received``); the pipeline's update is
+    a coroutine, so at most one runs at a time and it always sends the latest count.
+    ``flush`` waits for it, so nothing reaches admission after the request is released.
+    """
+
+    def __init__(self, pipeline: Decisions, flow: Flow) -> None:
+        self.pipeline = pipeline
+        self.flow = flow
+        self.latest = 0
+        self.sent = 0
+        self.task: asyncio.Task[None] | None = None
+
+    def report(self, generated: int) -> None:
+        self.latest = generated
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self._send())
+
+    async def _send(self) -> None:
+        while self.sent < self.latest:
+            self.sent = self.latest
+            await self.pipeline.progress(self.flow, self.sent)
+
+    async def flush(self) -> None:
+        if self.task is not None:
+            await self.task
 
 
 class _suppress_disconnect:
@@ -463,12 +565,47 @@ class _suppress_disconnect:
         return exc_type is not None and issubclass(exc_type, ConnectionResetError | RuntimeError)
 
 
-def strip_null_usage(raw: bytes) -> bytes:
-    return raw.replace(b',"usage":null', b"").replace(b', "usage": null', b"")
+def _passthrough_headers(head: Head) -> dict[str, str]:
+    return {k: v for k, v in head.headers if k.lower() not in _SKIP_UPSTREAM_HEADERS}
 
 
-def _passthrough_headers(resp: aiohttp.ClientResponse) -> dict[str, str]:
-    return {k: v for k, v in resp.headers.items() if k.lower() not in _SKIP_UPSTREAM_HEADERS}
+@functools.lru_cache(maxsize=1024)
+def _address(base: str) -> tuple[str, int, str, bool]:
+    """(host, port, path prefix, TLS) of a node's base URL."""
+    url = urlsplit(base)
+    tls = url.scheme == "https"
+    return url.hostname or "127.0.0.1", url.port or (443 if tls else 80), url.path.rstrip("/"), tls
 
 
-__all__ = ["Call", "Proxy", "UpstreamFailure"]
+def _request_bytes(host: str, port: int, path: str, request_id: str, body: bytes) -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        f"Content-Type: application/json\r\nX-Request-Id: {request_id}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode("latin-1") + body
+
+
+_USAGE_OPTION = b'"stream_options":{"include_usage":true}'
+
+
+def _body_bytes(call: Call, inject_usage: bool) -> bytes:
+    """The bytes sent upstream: the client's own unless a field must change.
+
+    Usage injection splices ``stream_options`` into the client's bytes when the body has
+    none (the common case); otherwise the body is re-serialised.
+    """
+    raw = call.raw_body
+    if not inject_usage:
+        if raw is not None:
+            return raw
+        return json.dumps(call.body, ensure_ascii=False).encode()
+    if raw is not None and b'"stream_options"' not in raw:
+        brace = raw.find(b"{")
+        if brace >= 0 and not raw[:brace].strip():
+            rest = raw[brace + 1 :]
+            sep = b"" if rest.lstrip().startswith(b"}") else b","
+            return raw[: brace + 1] + _USAGE_OPTION + sep + rest
+    return json.dumps(with_usage_requested(call.body), ensure_ascii=False).encode()
+
+
+__all__ = ["Call", "Decisions", "Proxy", "UpstreamFailure", "strip_null_usage"]

@@ -12,9 +12,10 @@ from kvgate.prompts import (
     render_chat,
     validate_messages,
 )
+from kvgate.prompts import stable_prefix as chat_stable_prefix
 from kvgate.routing.config import RouteKeyConfig
 from kvgate.routing.route_key import kb_version_for, prefix_digest, route_key, route_key_for
-from kvgate.tokens import text_block_hashes
+from kvgate.tokens import text_block_hashes, text_block_hashes_with_head
 from kvgate.types import RouteRequest
 
 DEFAULT_MAX_TOKENS = 256
@@ -71,7 +72,10 @@ def build_route_request(
         tools = body.get("tools")
         canonical_tools(tools)  # validates the field before rendering
         text = render_chat(messages, tools)
-        prompt_tokens, hashes = text_block_hashes(text)
+        # the shared head (system + tools) is tokenized and hashed once per distinct head
+        head = chat_stable_prefix(messages, tools)
+        head_len = len(head) if text.startswith(head) else 0
+        prompt_tokens, hashes = text_block_hashes_with_head(text, head_len)
         key = route_key_for(model, messages, config=config, tools=tools, headers=headers)
     elif endpoint == "completions":
         text = completion_prompt(body.get("prompt"))

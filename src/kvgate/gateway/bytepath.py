@@ -1,0 +1,159 @@
+"""The streamed byte path: upstream SSE bytes to the client transport without decoding events.
+
+``SseRelay.feed`` runs inside the upstream connection's ``data_received``. It cuts the
+bytes at the last complete event, and then works on the whole run of complete events at
+once with C-level byte scans: ``[DONE]`` by substring, generated tokens by counting
+non-empty ``"content":"``/``"text":"`` fields (engines stream about one token per chunk;
+exact counts arrive with usage), usage only where ``"usage":{`` occurs (that one event
+is JSON-parsed), and the injected ``"usage":null`` fields removed by ``bytes.replace``.
+Everything that arrived together leaves in one write. Until the client's response is
+ready (``go_live``) output is held, so a failure before the first byte can be retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from kvgate.gateway.sse import parse_event
+from kvgate.gateway.upstream import Exchange
+from kvgate.gateway.usage import Usage, is_usage_only_chunk, parse_usage
+
+_HIGH_WATER = 256 * 1024  # client write buffer above this: stop reading upstream
+_LOW_WATER = 64 * 1024
+_RESUME_POLL_S = 0.005
+_USAGE_MARKS = (b'"usage":{', b'"usage": {')
+_TOKEN_MARKS = ((b'"content":"', b'"content":""'), (b'"text":"', b'"text":""'))
+
+
+def strip_null_usage(raw: bytes) -> bytes:
+    return raw.replace(b',"usage":null', b"").replace(b', "usage": null', b"")
+
+
+def count_generated(events: bytes) -> int:
+    """Streamed chunks that carry text (≈ tokens: engines stream about one per chunk)."""
+    total = 0
+    for mark, empty in _TOKEN_MARKS:
+        n = events.count(mark)
+        if n:
+            total += n - events.count(empty)
+    return total
+
+
+class SseRelay:
+    def __init__(
+        self,
+        exchange: Exchange,
+        *,
+        strip_usage: bool,
+        on_progress: Callable[[int], None] | None,
+        progress_batch: int,
+    ) -> None:
+        self.exchange = exchange
+        self.strip_usage = strip_usage
+        self.on_progress = on_progress
+        self.progress_batch = max(1, progress_batch)
+        self.usage: Usage | None = None
+        self.generated = 0
+        self.reported = 0
+        self.done = False  # [DONE] seen
+        self.client_gone = False
+        self.reads = 0  # upstream reads seen (the idle timeout checks it per gap)
+        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending = b""  # an incomplete event
+        self._held: list[bytes] = []  # output before go_live
+        self._transport: asyncio.Transport | None = None
+        self._chunked = True
+        self._paused = False
+
+    # -- called from data_received ------------------------------------------------------
+    def feed(self, data: bytes) -> None:
+        self.reads += 1
+        if self._pending:
+            data = self._pending + data
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n")
+        end = data.rfind(b"\n\n")
+        if end < 0:
+            self._pending = data
+            return
+        events, self._pending = data[: end + 2], data[end + 2 :]
+        if not self.done and (b"data: [DONE]" in events or b"data:[DONE]" in events):
+            self.done = True
+        if b'"usage"' in events:
+            events = self._usage(events)
+        self.generated += count_generated(events)
+        if events:
+            self._out(events)
+        if self.on_progress is not None and self.generated - self.reported >= self.progress_batch:
+            self.reported = self.generated
+            self.on_progress(self.generated)
+
+    def _usage(self, events: bytes) -> bytes:
+        if any(mark in events for mark in _USAGE_MARKS):
+            kept = []
+            for raw in events.split(b"\n\n"):
+                if raw and any(mark in raw for mark in _USAGE_MARKS):
+                    data = parse_event(raw).json()
+                    if data is not None:
+                        usage = parse_usage(data)
+                        if usage is not None:
+                            self.usage = usage
+                        if self.strip_usage and is_usage_only_chunk(data):
+                            continue
+                kept.append(raw)
+            events = b"\n\n".join(kept)
+        if self.strip_usage:
+            events = strip_null_usage(events)
+        return events
+
+    def _out(self, data: bytes) -> None:
+        transport = self._transport
+        if transport is None:
+            self._held.append(data)
+            if not self.ready.done():
+                self.ready.set_result(None)
+            return
+        if transport.is_closing():
+            self.client_gone = True
+            self.exchange.abort()
+            return
+        transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
+        if not self._paused and transport.get_write_buffer_size() > _HIGH_WATER:
+            self._paused = True
+            self.exchange.pause()
+            asyncio.get_running_loop().call_later(_RESUME_POLL_S, self._maybe_resume)
+
+    def _maybe_resume(self) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            self.client_gone = True
+            self.exchange.abort()
+            return
+        if transport.get_write_buffer_size() <= _LOW_WATER:
+            self._paused = False
+            self.exchange.resume()
+        else:
+            asyncio.get_running_loop().call_later(_RESUME_POLL_S, self._maybe_resume)
+
+    # -- called by the proxy coroutine ----------------------------------------------------
+    def wake_on_end(self) -> None:
+        """Make ``ready`` also resolve when the upstream answer ends (or fails)."""
+
+        def wake() -> None:
+            if not self.ready.done():
+                self.ready.set_result(None)
+
+        self.exchange.on_end(wake)
+
+    def take_held(self) -> bytes:
+        held, self._held = self._held, []
+        return b"".join(held)
+
+    def go_live(self, transport: asyncio.Transport, *, chunked: bool) -> None:
+        """From now on, events go straight to ``transport`` (framed when ``chunked``)."""
+        self._chunked = chunked
+        self._transport = transport
+        held = self.take_held()
+        if held:
+            self._out(held)

@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ORDER = ["sim", "live", "demo", "real-engine", "engine", "routing", "proxy", "admission"]
+ORDER = [
+    "sim", "simulator-scale", "live", "demo", "real-engine", "engine", "routing", "proxy",
+    "admission", "precise", "faults", "calibrate", "forecast",
+]  # fmt: skip
 
 HEADER = """# Benchmarks
 

@@ -54,6 +54,10 @@ class DynamicQuota:
         self.core = core
         self.store = store
         self.capacity = capacity
+        # True while ``capacity`` is a calibrated knee (``kvgate calibrate``): the running
+        # tokens at which latency met its SLO, already the operating point, so the ceiling
+        # is the capacity itself rather than the tighten watermark of raw KV capacity
+        self.calibrated: Callable[[], bool] | None = None
         self.forecast = forecast
         self.holder = holder or core.link.gateway_id
         dq = core.config.dynamic_quota
@@ -198,7 +202,9 @@ class DynamicQuota:
         floor = max(cfg.dynamic_quota.min_total, fixed, int(self.core.ledger.mean_request_tokens()))
         ceiling = cfg.absolute_hard_cap
         if capacity:
-            kv_cap = round(cfg.dynamic_quota.tighten_above * capacity * cfg.overcommit)
+            knee = self.calibrated is not None and self.calibrated()
+            fraction = 1.0 if knee else cfg.dynamic_quota.tighten_above
+            kv_cap = round(fraction * capacity * cfg.overcommit)
             ceiling = kv_cap if ceiling is None else min(ceiling, kv_cap)
         return floor, None if ceiling is None else max(floor, ceiling)
 

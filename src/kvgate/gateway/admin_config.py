@@ -66,6 +66,7 @@ def install(app: web.Application) -> None:
             return book.total(gateway.nodes.list()) or (measured() if measured else None)
 
         dynamic.capacity = capacity
+        dynamic.calibrated = lambda: bool(book.total(gateway.nodes.list()))
     sync = _CapacitySync(gateway, book)
     _attach_forecast(gateway)
 

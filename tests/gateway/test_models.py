@@ -28,8 +28,9 @@ async def test_default_names_the_single_served_model() -> None:
                     assert (await r.json())["model"] == MODEL  # the engine got the real name
                     assert r.headers["X-KVGate-Node"] == "e0"
                     assert r.headers["X-KVGate-Admission"].startswith("admit")
-            async with s.get(gw.url + f"/v1/models/{MODEL}") as r:
-                assert r.status == 200 and (await r.json())["id"] == MODEL
+            for name in (MODEL, "default"):  # "default" names the one served model here too
+                async with s.get(gw.url + f"/v1/models/{name}") as r:
+                    assert r.status == 200 and (await r.json())["id"] == MODEL
             async with s.get(gw.url + "/v1/models/nope") as r:
                 assert r.status == 404
                 assert (await r.json())["error"]["code"] == "model_not_found"

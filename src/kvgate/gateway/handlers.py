@@ -84,9 +84,10 @@ async def list_models(request: web.Request) -> web.Response:
 async def get_model(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     identify_tenant(gateway, request)
-    model = request.match_info["model_id"]
-    if model not in gateway.models():
-        raise _unknown_model(UnknownModel(model, gateway.models()))
+    try:  # "default" names the one served model, as in a completion request
+        model = resolve_model(request.match_info["model_id"], gateway.models())
+    except UnknownModel as exc:
+        raise _unknown_model(exc) from None
     return web.json_response(_model_card(model))
 
 

@@ -95,6 +95,10 @@ class _Gate:
             self._open.set()
 
 
+# Connections one gateway keeps to Redis (each admission decision holds one briefly).
+MAX_CONNECTIONS = 64
+
+
 class RedisStore(Store):
     def __init__(
         self,
@@ -108,18 +112,26 @@ class RedisStore(Store):
         if not parsed.hostname:
             raise ValueError(f"store: redis URL needs a host, got {url!r}")
         self.url = url
-        self._client = aioredis.Redis(
+        # A blocking pool: under a burst, callers wait (up to timeout_s) for a free
+        # connection. A pool that refuses instead ("Too many connections") looks like an
+        # outage to the health tracker, which then drops every connection in use.
+        pool = aioredis.BlockingConnectionPool(
+            max_connections=MAX_CONNECTIONS,
+            timeout=timeout_s,
+            connection_class=(
+                aioredis.SSLConnection if parsed.scheme == "rediss" else aioredis.Connection
+            ),
             host=parsed.hostname,
             port=parsed.port or 6379,
             db=int(parsed.path.strip("/") or 0),
             password=parsed.password,
-            ssl=parsed.scheme == "rediss",
             decode_responses=True,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
             retry=Retry(NoBackoff(), 0),
             health_check_interval=0,
         )
+        self._client = aioredis.Redis(connection_pool=pool)
         self._reserve = self._client.register_script(_script("reserve"))
         self._release = self._client.register_script(_script("release"))
         self._adjust = self._client.register_script(_script("adjust"))

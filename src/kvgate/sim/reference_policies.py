@@ -18,13 +18,23 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from kvgate.engine.core import EngineCore
 from kvgate.engine.request import Sequence
 from kvgate.routing.policies import RoutingContext, expected_tokens
 from kvgate.tokens import BLOCK_SIZE
 from kvgate.types import RouteDecision, RouteRequest
+
+
+def _common_prefix(a: Iterable[int], b: Iterable[int]) -> int:
+    """Number of leading block hashes two chains share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 class OraclePolicy:
@@ -84,12 +94,7 @@ class OraclePolicy:
             theirs = pending[rid]
             if not theirs or theirs[0] != hashes[0]:
                 continue
-            n = 0
-            for a, b in zip(theirs, hashes, strict=False):
-                if a != b:
-                    break
-                n += 1
-            best = max(best, n)
+            best = max(best, _common_prefix(theirs, hashes))
         return best
 
     def choose(self, req: RouteRequest, ctx: RoutingContext) -> RouteDecision:
@@ -166,12 +171,7 @@ class OraclePolicy:
             theirs = other.req.block_hashes
             if not theirs or theirs[0] != hashes[0]:
                 continue
-            n = 0
-            for a, b in zip(theirs, hashes, strict=False):
-                if a != b:
-                    break
-                n += 1
-            best = max(best, n)
+            best = max(best, _common_prefix(theirs, hashes))
         return best
 
     def _predict(self, engine: EngineCore, own: int, now: float) -> float:

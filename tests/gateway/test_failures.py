@@ -129,6 +129,17 @@ def sample(gw: Any, name: str, **labels: str) -> float:
     return gw.gateway.registry.get_sample_value(name, labels) or 0.0
 
 
+async def settled_sample(gw: Any, name: str, expected: float, **labels: str) -> float:
+    """``sample`` once it reads ``expected`` or 3 s have passed: with ``--workers`` a
+    worker's counters reach the owner's registry by a push, shortly after the fact."""
+    deadline = time.monotonic() + 3.0
+    value = sample(gw, name, **labels)
+    while value != expected and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        value = sample(gw, name, **labels)
+    return value
+
+
 def dispatches_to(gw: Any, node: str) -> float:
     """Attempts sent to ``node`` (first tries and retries), from kvgate_dispatches_total."""
     total = 0.0
@@ -418,5 +429,8 @@ async def test_clients_that_leave_cost_nothing() -> None:
             assert sample(gw, "kvgate_cancellations_total", stage="upstream") == 4
             # counted as "client closed" (499), never as a gateway error
             chat = "/v1/chat/completions"
-            assert sample(gw, "kvgate_requests_total", endpoint=chat, status="499") == 10
+            closed = await settled_sample(
+                gw, "kvgate_requests_total", 10, endpoint=chat, status="499"
+            )
+            assert closed == 10
             assert sample(gw, "kvgate_requests_total", endpoint=chat, status="500") == 0

@@ -29,6 +29,9 @@ from kvgate.routing.scorers import weighted_scores
 from kvgate.types import RouteDecision, RouteRequest
 
 
+HOT_TRAFFIC = 1.25
+
+
 def _affine_by_cache(matches: dict[str, int], scores: dict[str, float], home: list[str]) -> str:
     """The node with the longest cached prefix; ties to the home node, then the best score."""
     longest = max(matches.values())
@@ -47,6 +50,12 @@ def _place_new_prefix(ctx: RoutingContext, scores: dict[str, float], home: list[
     holding the fewest live prefixes, then the least recent traffic, then the home node."""
     best = max(scores.values())
     near = [n for n, s in scores.items() if s >= best - ctx.prefill.step_s]
+    # a node already carrying a hot prefix (well above the mean recent traffic) takes no
+    # new one: prefix counts alone would give it as many prefixes as any other node
+    traffic_all = {n: ctx.queue.traffic(n, ctx.now) for n in near}
+    mean = sum(traffic_all.values()) / len(near)
+    calm = [n for n in near if traffic_all[n] <= HOT_TRAFFIC * mean + 1.0]
+    near = calm or near
     count = ctx.placements.count
     fewest = min(count(n) for n in near)
     near = [n for n in near if count(n) == fewest]

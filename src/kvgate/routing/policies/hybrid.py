@@ -28,7 +28,6 @@ from kvgate.routing.policies.base import RoutingContext
 from kvgate.routing.scorers import weighted_scores
 from kvgate.types import RouteDecision, RouteRequest
 
-
 HOT_TRAFFIC = 1.25
 
 

@@ -16,9 +16,8 @@ Trees are kept at 16-token block granularity instead of characters.
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from kvgate.engine.core import EngineCore
 from kvgate.engine.request import Sequence
@@ -40,39 +39,40 @@ def _common_prefix(a: Iterable[int], b: Iterable[int]) -> int:
 class OraclePolicy:
     """Reads every engine's true cache and queue; picks the least predicted TTFT.
 
-    For each eligible engine it predicts when this request's first token would come out
-    if it were added now, from the engine's own state and its profile's step-time
-    model (the same roofline the engine runs on):
+    For each eligible engine it predicts this request's TTFT if it were added now by
+    replaying the engine's own scheduler on a copy of its state (``predict_ttft``):
+    the step in flight, running decodes and chunked prefills, the waiting queue less
+    each request's true cached prefix, sequence slots, each step timed by the profile's
+    step-time model. For a single request this equals the engine's actual first-token
+    time (tests/sim/test_oracle_prediction.py). The cached prefix is the engine's true
+    cached blocks plus what a request queued or prefilling ahead there will compute.
 
-    - the step in flight must finish (a pure-decode run is cut at the step in progress);
-    - the scheduler is first come, first served with a per-step token budget: every
-      step spends one token per running decode and the rest on prefill, so the prompt
-      tokens still to compute ahead of this request (waiting requests less their true
-      cached prefix, plus unfinished chunked prefills) and this request's own uncached
-      tokens take ``ceil(tokens / (budget − decodes))`` steps;
-    - each of those steps costs ``step_time(tokens, seqs, kv_tokens)`` — so decode
-      interference (the running batch's KV reads and budget share) is in the estimate;
-    - if the engine has no free sequence slot or not enough free KV blocks for what is
-      queued, the request also waits for running requests to finish.
+    To the prediction it adds what the request costs others on that node: its own
+    prefill work (weight ``work_weight``: every request arriving there during it waits)
+    and its decode interference (its KV reads and per-sequence cost slow every step
+    there while it decodes; the first-token step of each request arriving meanwhile, at
+    the node's recent arrival rate, pays it). A prefix no node holds is placed like
+    hybrid places it.
 
-    Why nothing can beat it on TTFT by more than noise: per request it minimises the
-    predicted TTFT over all nodes with perfect knowledge of cache contents and queues,
-    which any gateway policy only estimates (an index of what it routed, a ledger, lagged
-    reports). A policy can beat a greedy per-request choice only by giving a request a
-    worse TTFT now to make later ones better, and on these workloads that trade is
-    small: what a request leaves in a cache is available to later requests wherever the
-    oracle put it, since it sees every copy. The estimate is a model of the engine, not a
-    replay, so small wins by other policies (a few ms at p90) are within its error.
+    Why nothing should beat it by more than noise: it sees the truth where a gateway
+    policy estimates (an index of what it routed, a ledger, lagged reports), and its
+    TTFT prediction is exact for the request in isolation. What it lacks is foresight:
+    it is greedy per request, with the two cost-to-others terms as the only look
+    ahead. A policy beats it only by trading this request's TTFT for later ones' in a
+    way those terms misprice (docs/benchmarks.md "The oracle" lists where).
     """
 
     name = "oracle"
 
     def __init__(
-        self, engines: Mapping[str, EngineCore], work_weight: float = 3.0, kv_wait: bool = False
+        self,
+        engines: Mapping[str, EngineCore],
+        work_weight: float = 2.0,
+        interference_weight: float = 1.0,
     ) -> None:
         self.engines = engines
         self.work_weight = work_weight
-        self.kv_wait = kv_wait
+        self.interference_weight = interference_weight
         # cached prefix of a waiting request, computed once (it is admitted soon)
         self._waiting_cached: dict[str, int] = {}
         # per node, requests this policy sent there that have not finished prefill: their
@@ -106,18 +106,20 @@ class OraclePolicy:
             engine = self.engines.get(node)
             if engine is None:
                 continue
-            cached = engine.cached_prefix_tokens(req.block_hashes)
             pending = self._pending_blocks(node, engine, req.block_hashes) * BLOCK_SIZE
-            cached = min(max(cached, pending), usable)
+            predicted, cached = self.predict(
+                engine, req.prompt_tokens, req.block_hashes, ctx.now, min(pending, usable)
+            )
             uncached = req.prompt_tokens - cached
             # + the prefill this request adds to the node: work every later request there
             # waits behind (a myopic TTFT minimum spreads prefixes and loses at saturation)
             ttft[node] = (
-                self._predict(engine, uncached, ctx.now)
+                predicted
                 + self.work_weight * uncached * engine.profile.seconds_per_compute_token
-                # the decode batch this request joins slows every later step there
-                # (hybrid's balance term, so the oracle differs from it only in knowledge)
-                + ctx.config.load_weight * ctx.prefill.step_s * ctx.loads[node]
+                # while it decodes there, every step on that node is slower by its KV
+                # reads and per-sequence cost: the first-token step of each request that
+                # arrives there meanwhile (the node's recent arrival rate) pays it
+                + self.interference_weight * self._interference(engine, req, node, ctx)
             )
             cached_by[node] = cached
         if not ttft:
@@ -129,6 +131,19 @@ class OraclePolicy:
             node = self._place_new_prefix(ctx, ttft)
         self._pending.setdefault(node, {})[req.request_id] = req.block_hashes
         return RouteDecision(node, "oracle", cached_by[node], self.name, tuple(ttft))
+
+    @staticmethod
+    def _interference(
+        engine: EngineCore, req: RouteRequest, node: str, ctx: RoutingContext
+    ) -> float:
+        prof = engine.profile
+        batch = len(engine.scheduler.running)
+        kv = sum(s.num_computed for s in engine.scheduler.running)
+        before = prof.step_time(batch, batch, kv)
+        after = prof.step_time(batch + 1, batch + 1, kv + req.prompt_tokens + req.max_tokens // 2)
+        life = req.max_tokens * after
+        rate = ctx.queue.traffic(node, ctx.now) / ctx.queue.traffic_window_s
+        return (after - before) * rate * life
 
     @staticmethod
     def _place_new_prefix(ctx: RoutingContext, ttft: dict[str, float]) -> str:
@@ -174,49 +189,160 @@ class OraclePolicy:
             best = max(best, _common_prefix(theirs, hashes))
         return best
 
-    def _predict(self, engine: EngineCore, own: int, now: float) -> float:
-        prof = engine.profile
-        sched = engine.scheduler
-        running = sched.running
-        decodes = 0
-        prefill_ahead = 0
-        kv_tokens = 0
-        for s in running:
-            left = s.num_tokens - s.num_computed
-            kv_tokens += s.num_computed
-            if s.num_output:
-                decodes += 1
-            else:
-                prefill_ahead += max(0, left)
-        queued_tokens = 0
-        for s in sched.waiting:
-            queued_tokens += self._waiting_uncached(engine, s)
-        prefill_ahead += queued_tokens
-        # the step in flight ends first (a decode run is cut after its current step)
-        step = engine._step
-        wait = 0.0
-        if step is not None:
-            wait = max(0.0, (step.first_end if step.steps > 1 else step.end) - now)
-        budget = max(1, prof.max_num_batched_tokens - decodes)
-        tokens = prefill_ahead + max(1, own)
-        steps = math.ceil(tokens / budget)
-        seqs = decodes + len(sched.waiting) + 1
-        if steps == 1:
-            total = prof.step_time(tokens + decodes, seqs, kv_tokens + tokens)
-        else:
-            full = prof.step_time(prof.max_num_batched_tokens, seqs, kv_tokens + budget)
-            total = steps * full
-        # no room: queued work also waits for running requests to finish
-        free_blocks = sched.kv.pool.num_free
-        need_blocks = math.ceil(tokens / prof.block_size)
-        if self.kv_wait and (
-            len(running) + len(sched.waiting) >= prof.max_num_seqs or need_blocks > free_blocks
-        ):
-            shortest = min(
-                (s.output_limit - s.num_output for s in running if s.num_output), default=0
-            )
-            total += prof.decode_run_time(max(1, decodes), kv_tokens, shortest)
-        return wait + total
+    def predict(
+        self, engine: EngineCore, prompt_tokens: int, hashes: list[int], now: float, known: int = 0
+    ) -> tuple[float, int]:
+        """(predicted TTFT in seconds, cached tokens) of a request added to ``engine`` now.
+
+        Cached: what the engine holds, or what a request queued or prefilling ahead of
+        it there will have computed by the time it is admitted (``known``: a floor the
+        caller knows of)."""
+        usable = max(0, (prompt_tokens - 1) // BLOCK_SIZE) * BLOCK_SIZE
+        cached = max(known, engine.cached_prefix_tokens(hashes))
+        if cached < usable and hashes:
+            sched = engine.scheduler
+            first = hashes[0]
+            for other in [*sched.running, *sched.waiting]:
+                theirs = other.req.block_hashes
+                if other.num_output or not theirs or theirs[0] != first:
+                    continue
+                cached = max(cached, _common_prefix(theirs, hashes) * BLOCK_SIZE)
+        cached = min(cached, usable)
+        uncached = prompt_tokens - cached
+        return predict_ttft(engine, uncached, now, self._waiting_uncached) - now, cached
+
+
+def predict_ttft(
+    engine: EngineCore,
+    uncached: int,
+    now: float,
+    waiting_uncached: Callable[[EngineCore, Sequence], int] | None = None,
+    max_steps: int = 100_000,
+) -> float:
+    """When a request with ``uncached`` prompt tokens to compute, added to ``engine`` at
+    ``now``, gets its first token: a replay of the engine's scheduler on a copy of its
+    state (token counts only), step by step with the profile's step time.
+
+    - the step in flight ends first (a pure-decode run is cut after the step in progress,
+      as the engine cuts it when a request arrives), and its tokens are applied;
+    - each step serves running requests in order (one token per decode, the next prompt
+      chunk per prefill) within ``max_num_batched_tokens``, then admits waiting requests
+      first come, first served while ``max_num_seqs`` and the budget allow — the new
+      request last; a waiting request computes its prompt less its cached prefix
+      (``waiting_uncached``; default: what the engine holds now);
+    - a step costs ``step_time(tokens, seqs, kv_tokens)``; when nothing can be admitted
+      and every running request decodes, the run to the next finish is one
+      ``decode_run_time`` (the engine fast-forwards the same way).
+
+    KV-block pressure (preemption) is not replayed: the oracle keeps engines far from it.
+    Requests arriving later join the queue behind this one, so they cannot delay it
+    (they can share its last step, which this does not see).
+    """
+    prof = engine.profile
+    sched = engine.scheduler
+    budget0 = prof.max_num_batched_tokens
+    # running: [tokens left to compute before the next sample, kv tokens, outputs left,
+    #           is_new_request]; a decoding request has 1 left
+    running: list[list[int]] = []
+    for seq in sched.running:
+        if seq.done:
+            continue
+        left = seq.num_tokens - seq.num_computed
+        running.append([left, seq.num_computed, seq.output_limit - seq.num_output, 0])
+    t = now
+    st = engine._step
+    if st is not None:
+        # apply the step in flight (its first step only: the run is cut there)
+        t = max(now, st.first_end if st.steps > 1 else st.end)
+        applied = {id(seq): new for seq, new in st.plan.scheduled}
+        nxt: list[list[int]] = []
+        for seq, r in zip([q for q in sched.running if not q.done], running, strict=True):
+            new = applied.get(id(seq), 0)
+            if new:
+                r[0] -= new
+                r[1] += new
+                if r[0] <= 0:  # sampled a token
+                    r[2] -= 1
+                    r[0] = 1
+            if r[2] > 0:
+                nxt.append(r)
+        running = nxt
+    uncached_of = waiting_uncached or _waiting_uncached_now
+    waiting: list[list[int]] = []
+    for seq in sched.waiting:
+        comp = uncached_of(engine, seq)
+        total = seq.num_tokens
+        waiting.append([comp, total - comp, seq.output_limit - seq.num_output, 0])
+    waiting.append([max(1, uncached), 0, 1, 1])  # this request
+    max_seqs = prof.max_num_seqs
+    for _ in range(max_steps):
+        budget = budget0
+        tokens = kv = seqs = 0
+        done_mine = False
+        pure_decode = True
+        for r in running:
+            if budget <= 0:
+                pure_decode = False
+                break
+            new = min(r[0], budget)
+            if r[0] != 1:
+                pure_decode = False
+            budget -= new
+            tokens += new
+            kv += r[1] + new
+            seqs += 1
+        wi = 0
+        while wi < len(waiting) and budget > 0 and len(running) < max_seqs:
+            w = waiting[wi]
+            running.append(w)
+            wi += 1
+            new = min(w[0], budget)
+            budget -= new
+            tokens += new
+            kv += w[1] + new
+            seqs += 1
+            pure_decode = False
+        del waiting[:wi]
+        if pure_decode and running and waiting:
+            # slots full, everyone decoding: fast-forward to the first finish
+            k = min(r[2] for r in running)
+            t += prof.decode_run_time(len(running), kv, k)
+            for r in running:
+                r[1] += k
+                r[2] -= k
+            running = [r for r in running if r[2] > 0]
+            continue
+        if seqs == 0:
+            return t  # nothing schedulable (cannot happen with the request queued)
+        t += prof.step_time(tokens, seqs, kv)
+        # apply the step: the served prefix of ``running`` got its tokens
+        served = 0
+        budget = budget0
+        nxt = []
+        for r in running:
+            if served < seqs:
+                served += 1
+                new = min(r[0], budget)
+                budget -= new
+                r[0] -= new
+                r[1] += new
+                if r[0] <= 0:
+                    if r[3]:
+                        done_mine = True
+                    r[2] -= 1
+                    r[0] = 1
+            if r[2] > 0:
+                nxt.append(r)
+        running = nxt
+        if done_mine:
+            return t
+    return t
+
+
+def _waiting_uncached_now(engine: EngineCore, seq: Sequence) -> int:
+    usable = max(0, (seq.req.prompt_tokens - 1) // BLOCK_SIZE) * BLOCK_SIZE
+    cached = min(engine.cached_prefix_tokens(seq.req.block_hashes), usable)
+    return max(1, seq.num_tokens - seq.num_computed - cached)
 
 
 class SmgApproxPolicy:

@@ -79,6 +79,19 @@ def start_engines(
     return proc, [f"http://127.0.0.1:{p}" for p in ports]
 
 
+def profile_routing(profile: str, time_scale: float) -> dict[str, Any]:
+    """hybrid's cost model in the engines' units: prefill rate and step time, per-sequence
+    decode cost and sequence slots of the profile, sped up by the time scale (1 for the
+    simulator, which runs in engine time)."""
+    prof = get_profile(profile)
+    return {
+        "prefill_tokens_per_s": round(time_scale / prof.seconds_per_compute_token, 1),
+        "prefill_step_s": round(prof.step_time(1, 1, 0) / time_scale, 6),
+        "decode_seq_s": round(prof.per_seq_s / time_scale, 6),
+        "max_running": prof.max_num_seqs,
+    }
+
+
 def start_gateway(
     policy: str, urls: list[str], args: argparse.Namespace, root: Path, config: Path | None = None
 ) -> tuple[subprocess.Popen[bytes], str]:
@@ -89,13 +102,8 @@ def start_gateway(
     ]  # fmt: skip
     if args.scrape_interval is not None:
         cmd += ["--scrape-interval", str(args.scrape_interval)]
-    # hybrid's spill-by-cost converts tokens to seconds with the engines' prefill rate:
-    # tell it the rate of the engines this bench starts (profile, sped up by time scale)
-    prof = get_profile(args.profile)
     settings: dict[str, Any] = yaml.safe_load(config.read_text()) or {} if config else {}
-    routing = settings.setdefault("routing", {})
-    routing["prefill_tokens_per_s"] = round(args.time_scale / prof.seconds_per_compute_token, 1)
-    routing["prefill_step_s"] = round(prof.step_time(1, 1, 0) / args.time_scale, 6)
+    settings.setdefault("routing", {}).update(profile_routing(args.profile, args.time_scale))
     merged = root / f"gateway-{policy}.yaml"
     merged.write_text(yaml.safe_dump(settings))
     cmd += ["--config", str(merged)]
@@ -220,7 +228,11 @@ def sim_hit_rates(args: argparse.Namespace, workload: Any, policies: list[str]) 
     from kvgate.sim import SimConfig, run_comparison
 
     config = SimConfig(
-        nodes=args.engines, profile=args.profile, kv_blocks=args.kv_blocks, seed=args.seed
+        nodes=args.engines,
+        profile=args.profile,
+        kv_blocks=args.kv_blocks,
+        seed=args.seed,
+        routing=profile_routing(args.profile, 1.0),
     )
     results = run_comparison(workload, config, policies)
     return {p: r.summary.get("cache_hit_rate") for p, r in results.items()}

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from collections.abc import Callable
@@ -479,3 +480,30 @@ def test_new_prefixes_are_placed_evenly(cluster_factory: Factory) -> None:
     for group in range(12):
         d = c.router.route(group_request(group, f"next{group}"))
         assert d.reason == "prefix_match"
+
+
+def test_decode_cost_spills_off_a_node_whose_sequence_slots_are_full(
+    cluster_factory: Factory,
+) -> None:
+    """CPU-like profile: 14 ms per running sequence per step, 8 sequence slots. A node
+    with every slot taken and requests waiting makes a cached request wait for decodes
+    to finish, which costs more than re-prefilling its prefix elsewhere."""
+    cpu = {"decode_seq_s": 0.0141, "max_running": 8, "prefill_tokens_per_s": 320.0}
+
+    def chat(rid: str) -> RouteRequest:  # 512 cached tokens ≈ 3.2 s of prefill here
+        return dataclasses.replace(group_request(0, rid), max_tokens=256)
+
+    c = cluster_factory(**cpu)
+    owner = c.serve(chat("seed"))
+    c.report(owner, running=8, waiting=2)
+    d = c.router.route(chat("q"))
+    assert d.node_id != owner and d.reason == "cost_spill"
+    # a few sequences running (free slots): their step cost is far below the prefix's
+    c.report(owner, running=3, waiting=0)
+    d = c.router.route(chat("q2"))
+    assert (d.node_id, d.reason) == (owner, "prefix_match")
+    # the same full node, decode cost not modelled (the default): affinity holds
+    c2 = cluster_factory(prefill_tokens_per_s=320.0)
+    owner2 = c2.serve(chat("seed"))
+    c2.report(owner2, running=8, waiting=2)
+    assert c2.router.route(chat("q")).node_id == owner2

@@ -49,6 +49,11 @@ class RoutingConfig(BaseModel):
     # profile llama3-8b-h100). Queueing delay and re-prefill cost are both in seconds.
     prefill_tokens_per_s: float = Field(default=30_800.0, gt=0)
     prefill_step_s: float = Field(default=0.008, ge=0)
+    # decode cost (engine profile): each running sequence adds decode_seq_s to every
+    # engine step, and an engine with max_running sequences admits no more until one
+    # finishes; 0 / None: not modelled (a GPU profile's per-sequence cost is negligible)
+    decode_seq_s: float = Field(default=0.0, ge=0)
+    max_running: int | None = Field(default=None, ge=1)
     # a spill must save at least this much predicted TTFT (seconds): keeps affinity
     # through noise in the queue estimate
     spill_margin_s: float = Field(default=0.0, ge=0)

@@ -2,7 +2,11 @@
 
 Both score every eligible node in seconds of predicted TTFT (``routing/scorers.py``):
 
-    score(n) = cached_tokens(n) / prefill_rate − queue_delay(n) + cold boost
+    score(n) = cached_tokens(n) / prefill_rate − queue_delay(n) − decode_delay(n) + cold boost
+
+(``decode_delay``: what the node's running sequences add — their per-sequence step cost
+and, with every sequence slot taken, the wait for one to free up; modelled only when
+the engine profile's ``decode_seq_s`` / ``max_running`` are configured)
 
 and keep the request's *affine* node unless another node scores higher by more than
 ``spill_margin_s``. So a request leaves its cache only when the expected queueing delay
@@ -17,7 +21,7 @@ instead cost 1–2 points of hit rate and doubled load CV in the simulator: ring
 placement of a few dozen keys is lumpier than least-load placement.)
 
 Flags: ``cache_affinity`` off → no cache term and no cached affine node;
-``consistent_hashing`` off → no home node; ``load_guard`` off → no queue term, so
+``consistent_hashing`` off → no home node; ``load_guard`` off → no queue or decode term, so
 affinity is never left (plain affinity); ``cold_boost`` off → no boost.
 """
 
@@ -76,6 +80,7 @@ class HybridPolicy:
         weights = {
             "cache": cfg.cache_weight,
             "queue": 1.0,
+            "decode": 1.0,
             "cold_boost": cfg.cold_boost_weight,
             "load": cfg.load_weight,
         }

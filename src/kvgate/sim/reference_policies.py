@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from kvgate.engine.core import EngineCore
 from kvgate.engine.request import Sequence
 from kvgate.routing.policies import RoutingContext, expected_tokens
+from kvgate.routing.policies.hybrid import place_new_prefix
 from kvgate.tokens import BLOCK_SIZE
 from kvgate.types import RouteDecision, RouteRequest
 
@@ -120,6 +121,8 @@ class OraclePolicy:
                 # reads and per-sequence cost: the first-token step of each request that
                 # arrives there meanwhile (the node's recent arrival rate) pays it
                 + self.interference_weight * self._interference(engine, req, node, ctx)
+                # hybrid's balance term, so that the two differ only in what they know
+                + ctx.config.load_weight * ctx.prefill.step_s * ctx.loads[node]
             )
             cached_by[node] = cached
         if not ttft:
@@ -128,7 +131,7 @@ class OraclePolicy:
         if max(cached_by.values()) > 0:
             node = ctx.pick({n: -t for n, t in ttft.items()})
         else:
-            node = self._place_new_prefix(ctx, ttft)
+            node = place_new_prefix(ctx, {n: -t for n, t in ttft.items()}, ctx.home_set(req))
         self._pending.setdefault(node, {})[req.request_id] = req.block_hashes
         return RouteDecision(node, "oracle", cached_by[node], self.name, tuple(ttft))
 
@@ -144,17 +147,6 @@ class OraclePolicy:
         life = req.max_tokens * after
         rate = ctx.queue.traffic(node, ctx.now) / ctx.queue.traffic_window_s
         return (after - before) * rate * life
-
-    @staticmethod
-    def _place_new_prefix(ctx: RoutingContext, ttft: dict[str, float]) -> str:
-        """A prefix no node holds brings its future requests along: among the nodes
-        within one engine step of the least predicted TTFT, the one holding the fewest
-        live prefixes, then the least recent traffic (what any policy can know)."""
-        best = min(ttft.values())
-        near = [n for n, t in ttft.items() if t <= best + ctx.prefill.step_s]
-        fewest = min(ctx.placements.count(n) for n in near)
-        near = [n for n in near if ctx.placements.count(n) == fewest]
-        return ctx.pick({n: -ctx.queue.traffic(n, ctx.now) for n in near})
 
     def _waiting_uncached(self, engine: EngineCore, seq: Sequence) -> int:
         """Prompt tokens a waiting request will compute: its prefix cached by the time

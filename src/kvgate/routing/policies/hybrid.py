@@ -47,7 +47,7 @@ def _affine_by_cache(matches: dict[str, int], scores: dict[str, float], home: li
     return max(tied, key=lambda n: scores[n])
 
 
-def _place_new_prefix(ctx: RoutingContext, scores: dict[str, float], home: list[str]) -> str:
+def place_new_prefix(ctx: RoutingContext, scores: dict[str, float], home: list[str]) -> str:
     """Where a prefix nobody holds starts. A new prefix brings its future requests along,
     so among nodes within one engine step of the best predicted TTFT it goes to the one
     holding the fewest live prefixes, then the least recent traffic, then the home node."""
@@ -91,7 +91,7 @@ class HybridPolicy:
             affine = _affine_by_cache(matches, scores, home)
             node_id, spilled = pick_with_preference(ctx, scores, affine, cfg.spill_margin_s)
         else:
-            node_id, spilled = _place_new_prefix(ctx, scores, home), False
+            node_id, spilled = place_new_prefix(ctx, scores, home), False
         expected = matches.get(node_id, 0)
         if spilled:
             reason = "cost_spill"

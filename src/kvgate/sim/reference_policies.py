@@ -37,6 +37,9 @@ def _common_prefix(a: Iterable[int], b: Iterable[int]) -> int:
     return n
 
 
+NEW_PREFIX_SLACK_S = 0.001
+
+
 class OraclePolicy:
     """Reads every engine's true cache and queue; picks the least predicted TTFT.
 
@@ -131,7 +134,9 @@ class OraclePolicy:
         if max(cached_by.values()) > 0:
             node = ctx.pick({n: -t for n, t in ttft.items()})
         else:
-            node = place_new_prefix(ctx, {n: -t for n, t in ttft.items()}, ctx.home_set(req))
+            # hybrid's rule, with the slack of an exact prediction instead of one step
+            scores = {n: -t for n, t in ttft.items()}
+            node = place_new_prefix(ctx, scores, ctx.home_set(req), NEW_PREFIX_SLACK_S)
         self._pending.setdefault(node, {})[req.request_id] = req.block_hashes
         return RouteDecision(node, "oracle", cached_by[node], self.name, tuple(ttft))
 

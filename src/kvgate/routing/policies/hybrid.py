@@ -47,12 +47,16 @@ def _affine_by_cache(matches: dict[str, int], scores: dict[str, float], home: li
     return max(tied, key=lambda n: scores[n])
 
 
-def place_new_prefix(ctx: RoutingContext, scores: dict[str, float], home: list[str]) -> str:
+def place_new_prefix(
+    ctx: RoutingContext, scores: dict[str, float], home: list[str], within: float | None = None
+) -> str:
     """Where a prefix nobody holds starts. A new prefix brings its future requests along,
-    so among nodes within one engine step of the best predicted TTFT it goes to the one
+    so among nodes within one engine step (``within``: a policy's own estimate of its
+    noise) of the best predicted TTFT it goes to the one
     holding the fewest live prefixes, then the least recent traffic, then the home node."""
     best = max(scores.values())
-    near = [n for n, s in scores.items() if s >= best - ctx.prefill.step_s]
+    slack = ctx.prefill.step_s if within is None else within
+    near = [n for n, s in scores.items() if s >= best - slack]
     # a node already carrying a hot prefix (well above the mean recent traffic) takes no
     # new one: prefix counts alone would give it as many prefixes as any other node
     traffic_all = {n: ctx.queue.traffic(n, ctx.now) for n in near}

@@ -71,7 +71,7 @@ class OraclePolicy:
     def __init__(
         self,
         engines: Mapping[str, EngineCore],
-        work_weight: float = 2.0,
+        work_weight: float = 1.0,
         interference_weight: float = 1.0,
     ) -> None:
         self.engines = engines

@@ -84,7 +84,7 @@ class HybridPolicy:
         weights = {
             "cache": cfg.cache_weight,
             "queue": 1.0,
-            "decode": 1.0,
+            "decode": 1.0 if cfg.decode_seq_s > 0.0 else 0.0,  # 0: not computed
             "cold_boost": cfg.cold_boost_weight,
             "load": cfg.load_weight,
         }

@@ -85,16 +85,11 @@ SCORERS: dict[str, Scorer] = {
 def weighted_scores(
     req: RouteRequest, ctx: RoutingContext, weights: Mapping[str, float]
 ) -> dict[str, float]:
-    """Σ weight × scorer over the named scorers (unknown names were rejected at load).
-
-    Summed column by column over a list (the same additions, in the same order, as
-    node by node: identical floats, fewer dict writes on the per-request path)."""
-    ids = list(ctx.loads)
-    total = [0.0] * len(ids)
+    """Σ weight × scorer over the named scorers (unknown names were rejected at load)."""
+    total = dict.fromkeys(ctx.loads, 0.0)
     for name, weight in weights.items():
         if weight == 0.0:
             continue
-        scores = SCORERS[name](req, ctx)
-        get = scores.get
-        total = [t + weight * get(n, 0.0) for t, n in zip(total, ids, strict=True)]
-    return dict(zip(ids, total, strict=True))
+        for n, s in SCORERS[name](req, ctx).items():
+            total[n] += weight * s
+    return total

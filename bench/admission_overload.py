@@ -68,14 +68,17 @@ def trajectory(summary: dict[str, Any]) -> str:
     )
 
 
+def pct(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.1f}%"
+
+
 def row(name: str, s: dict[str, Any], extra: str = "–", reached: str = "–") -> str:
     p99 = s["ttft_p99_s_by_class"]
-    honoured = s.get("guarantees_honoured")
     return (
         f"| {name} | {s['goodput_tokens_per_s']:,.0f} | {s['output_tokens_per_s']:,.0f} "
         f"| {p99.get('interactive', float('nan')):.2f} | {p99.get('batch', float('nan')):.2f} "
-        f"| {'–' if honoured is None else f'{100 * honoured:.1f}%'} | {s['rejected']:,} "
-        f"| {s['lost']} | {extra} | {reached} |"
+        f"| {pct(s.get('guarantees_honoured'))} | {pct(s.get('guarantees_paced'))} "
+        f"| {s['rejected']:,} | {s['lost']} | {extra} | {reached} |"
     )
 
 
@@ -111,6 +114,9 @@ def main() -> int:
     )
     parser.add_argument("--out", type=Path, default=Path("bench-overload"))
     parser.add_argument(
+        "--slo", type=float, default=1.0, help="interactive TTFT p99 a static total must meet"
+    )
+    parser.add_argument(
         "--interval", type=float, default=25.0, help="the quota period (dynamic_quota.interval_s)"
     )
     parser.add_argument(
@@ -128,6 +134,12 @@ def main() -> int:
         results[f"static {total:,}"] = static[total]
         print(f"static {total}: goodput {static[total]['goodput_tokens_per_s']:.0f}", flush=True)
     best = max(static, key=lambda t: static[t]["goodput_tokens_per_s"])
+    # the convergence target: the best static total that keeps interactive TTFT p99 in
+    # its SLO (a total past the engines' knee can win on goodput while missing it)
+    within = [
+        t for t in static if static[t]["ttft_p99_s_by_class"].get("interactive", 0) <= args.slo
+    ]
+    target = max(within or static, key=lambda t: static[t]["goodput_tokens_per_s"])
     dynamic: dict[str, dict[str, Any]] = {}
     starts: dict[str, int] = {}
     for factor in (0.3, 3.0):
@@ -136,21 +148,25 @@ def main() -> int:
         dynamic[name] = run(workload, args, starts[name], True)
         results[name] = dynamic[name]
     best_goodput = static[best]["goodput_tokens_per_s"]
+    target_goodput = static[target]["goodput_tokens_per_s"]
     lines = [
-        f"best static total: {best:,} (goodput {best_goodput:,.0f} tok/s)",
+        f"best static total: {best:,} (goodput {best_goodput:,.0f} tok/s); best within the "
+        f"interactive SLO: {target:,} ({target_goodput:,.0f} tok/s)",
         "",
         "| run | goodput tok/s | out tok/s | interactive TTFT p99 (s) | batch TTFT p99 (s) "
-        "| guarantees honoured | rejected | lost | goodput vs best static | periods to ±10% |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| guarantees honoured | claims paced | rejected | lost | goodput vs best static "
+        f"| periods to ±10% of {target // 1000}k ({best // 1000}k) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, s in results.items():
         ratio = f"{s['goodput_tokens_per_s'] / best_goodput:.2f}x"
         reached = "–"
         if name in dynamic:
-            k = periods_to_reach(s, starts[name], best, 0.10, args.interval)
-            reached = "never" if k is None else str(k)
+            ks = [periods_to_reach(s, starts[name], t, 0.10, args.interval) for t in (target, best)]
+            shown = ["never" if k is None else str(k) for k in ks]
+            reached = f"{shown[0]} ({shown[1]})"
             lines.append(row(name, s, ratio, reached))
-            lines.append(f"| &nbsp;&nbsp;trajectory | {trajectory(s)} |||||||||")
+            lines.append(f"| &nbsp;&nbsp;trajectory | {trajectory(s)} ||||||||||")
             continue
         lines.append(row(name, s, ratio, reached))
     table = "\n".join(lines)

@@ -113,7 +113,7 @@ class DynamicQuotaConfig(_Strict):
         description="a check's first-token percentile over this × the target cuts at once",
     )
     breach_decrease: float = Field(
-        default=0.85, gt=0, lt=1, description="factor a breach multiplies the total by"
+        default=0.91, gt=0, lt=1, description="factor a breach multiplies the total by"
     )
 
     @model_validator(mode="after")

@@ -40,6 +40,8 @@ def test_pending_prefill_stays_under_the_limit_and_a_first_token_admits_the_queu
     assert [i.request.request_id for i in admitted] == [results[2].ticket.request.request_id]
     assert core.gate.pending_tokens == 800  # one left the backlog, one came in
     assert run_now(core.progress(results[0], 5, clock.now())) == []  # only the first token
+    # counted once per held request, not per drain attempt
+    assert core.metrics.prefill_held.labels("interactive")._value.get() == 2
 
 
 def test_one_request_always_passes_an_empty_gate() -> None:

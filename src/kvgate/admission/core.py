@@ -181,6 +181,8 @@ class AdmissionCore:
         # a request that fits in what its tenant is guaranteed must be admitted at once
         claim = self.link.usage.get(req.tenant, 0) + tokens <= quota.guaranteed
         paced = self._paced(req)
+        if paced:
+            self.metrics.prefill_held.labels(req.priority_class).inc()
         reason = "prefill_gate" if paced else "queue_backlog"
         if not paced and not self.queue.has_backlog(req.tenant):  # keep each tenant FIFO
             outcome, local = await self._reserve(req.tenant, tokens)

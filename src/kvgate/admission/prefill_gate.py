@@ -49,7 +49,6 @@ class PrefillGate:
         if self.pending_tokens + prompt_tokens <= self.limit * share:
             return True
         self._held = True
-        self.metrics.prefill_held.labels(priority_class).inc()
         return False
 
     def admitted(self, request_id: str, prompt_tokens: int, now: float, stream: bool) -> None:

@@ -643,8 +643,8 @@ class ClusterSim:
             asked = claims["honoured"] + claims["refused"]
             summary["guarantees_honoured"] = claims["honoured"] / asked if asked else None
             # claims the prefill gate delayed (queued, not refused by the quota)
-            paced = claims["paced"] / (asked + claims["paced"]) if asked else None
-            summary["guarantees_paced"] = paced
+            claimed = asked + claims["paced"]
+            summary["guarantees_paced"] = claims["paced"] / claimed if claimed else None
             if self.dynamic_quota is not None:
                 summary["quota_steps"] = [
                     (s.at, s.total, s.direction, s.pressure) for s in self.dynamic_quota.history

@@ -9,9 +9,9 @@ waits in the admission queue (one request is always let in when nothing is pendi
 
 The limit follows the engines' measured prefill speed (Little's law, pending = rate ×
 latency): every ``adapt_s`` it is scaled by ``target_s`` over the admission → first
-token percentile seen since the last step (pending requests count their age), at most
-× ``max_growth`` up, and only grown while the gate held work back (an idle gate says
-nothing about the engines). Classes not listed in ``priority_classes`` may fill only
+token percentile seen since the last step (pending requests count their age), by at
+most ``max_growth`` either way, and only grown while the gate held work back (an idle
+gate says nothing about the engines). Classes not listed in ``priority_classes`` may fill only
 ``other_share`` of the limit, so interactive work finds room first.
 Non-streamed requests report no first token and pass the gate without being counted.
 """

@@ -48,6 +48,11 @@ FLAG_SPECS: tuple[FlagSpec, ...] = (
         "failing nodes are not ejected; only stale reports take a node out of rotation",
     ),
     FlagSpec("admission", True, "every request is admitted (no quota, no queue)"),
+    FlagSpec(
+        "prefill_gate",
+        True,
+        "admissions are not paced by the engines' prefill backlog (only the quota limits them)",
+    ),
     FlagSpec("dynamic_quota", True, "the cluster total stays at its configured value"),
     FlagSpec("degrade", True, "over-quota work is queued or rejected, never degraded"),
     FlagSpec(

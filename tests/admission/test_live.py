@@ -295,3 +295,31 @@ async def test_decisions_queue_and_quota_are_exported_as_metrics(controllers) ->
     await c.release(await waiting)
     text = generate_latest(c.metrics.registry).decode()
     assert 'kvgate_admission_queue_wait_seconds_count{outcome="admitted",tenant="a"} 1.0' in text
+
+
+async def test_a_first_token_lets_a_request_the_prefill_gate_held_in_at_once(controllers) -> None:
+    """Live controller: the gate holds a third stream; the first stream's first token
+    (progress) admits it, without waiting for a release or the queue's poll."""
+    c = controllers(
+        {"total_quota": 100_000, "prefill_gate": {"initial_tokens": 1000, "min_tokens": 100}},
+        "memory://",
+    )
+    await c.start()
+
+    def stream() -> AdmissionRequest:
+        r = req(prompt=400, max_tokens=10)
+        r.stream = True
+        return r
+
+    first, second = await c.admit(stream()), await c.admit(stream())
+    waiting = asyncio.create_task(c.admit(stream()))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    assert len(c.core.queue) == 1
+    await c.progress(first, 1)
+    assert len(c.core.queue) == 0  # admitted by the progress call itself, not a later poll
+    third = await asyncio.wait_for(waiting, 2)
+    assert third.kind is AdmissionKind.ADMIT
+    for r in (first, second, third):
+        await c.release(r)
+    assert c.core.gate.pending_tokens == 0

@@ -113,7 +113,7 @@ class DynamicQuotaConfig(_Strict):
         description="a check's first-token percentile over this × the target cuts at once",
     )
     breach_decrease: float = Field(
-        default=0.7, gt=0, lt=1, description="factor a breach multiplies the total by"
+        default=0.91, gt=0, lt=1, description="factor a breach multiplies the total by"
     )
 
     @model_validator(mode="after")
@@ -122,6 +122,35 @@ class DynamicQuotaConfig(_Strict):
             raise ValueError("relax_below must be < tighten_above")
         if self.check_s > self.interval_s:
             raise ValueError("check_s must be <= interval_s")
+        return self
+
+
+class PrefillGateConfig(_Strict):
+    """The prefill gate (prefill_gate.py; flag ``prefill_gate``)."""
+
+    target_s: float = Field(
+        default=0.4, gt=0, description="admission → first-token percentile the gate aims at"
+    )
+    percentile: float = Field(default=90.0, gt=0, le=100)
+    initial_tokens: int = Field(
+        default=32_768, ge=1, description="pending-prefill limit before anything is measured"
+    )
+    min_tokens: int = Field(default=4096, ge=1)
+    max_tokens: int = Field(default=4_000_000, ge=1)
+    adapt_s: float = Field(default=0.5, gt=0, description="between limit updates")
+    max_growth: float = Field(default=2.0, gt=1, description="largest factor per update")
+    min_samples: int = Field(default=4, ge=1, description="first tokens needed to update")
+    priority_classes: list[str] = Field(
+        default=["interactive"], description="classes that may fill the whole limit"
+    )
+    other_share: float = Field(
+        default=0.5, gt=0, le=1, description="part of the limit other classes may fill"
+    )
+
+    @model_validator(mode="after")
+    def _range(self) -> PrefillGateConfig:
+        if self.min_tokens > self.max_tokens:
+            raise ValueError("min_tokens must be <= max_tokens")
         return self
 
 
@@ -142,6 +171,7 @@ class AdmissionConfig(_Strict):
     queue: QueueConfig = Field(default_factory=QueueConfig)
     dynamic_quota: DynamicQuotaConfig = Field(default_factory=DynamicQuotaConfig)
     degrade: DegradeConfig = Field(default_factory=DegradeConfig)
+    prefill_gate: PrefillGateConfig = Field(default_factory=PrefillGateConfig)
     failure_mode: FailureMode = "fail-open-local"
     local_share: float = Field(default=0.5, gt=0, le=1, description="of total when store is down")
     lease_ttl_s: float = Field(default=10.0, gt=0)

@@ -148,7 +148,8 @@ class AdmissionController:
             raise
 
     async def progress(self, result: AdmissionResult, generated_tokens: int) -> None:
-        await self.core.progress(result, generated_tokens, self.clock.now())
+        for item in await self.core.progress(result, generated_tokens, self.clock.now()):
+            self._resolve(item)
 
     async def release(self, result: AdmissionResult) -> None:
         for item in await self.core.release(result, self.clock.now()):

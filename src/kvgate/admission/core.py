@@ -24,6 +24,7 @@ from kvgate.admission.first_tokens import FirstTokenWindow
 from kvgate.admission.ledger import Ledger
 from kvgate.admission.metrics import AdmissionMetrics
 from kvgate.admission.overcommit import Overcommit
+from kvgate.admission.prefill_gate import PrefillGate
 from kvgate.admission.queue import AdmissionQueue, QueuedRequest
 from kvgate.admission.quota import limits_at, max_admissible
 from kvgate.admission.quota_book import QuotaBook
@@ -87,6 +88,7 @@ class AdmissionCore:
         self.decisions = DecisionCounter(self.metrics)
         self.releases = ReleaseRate()
         self.first_tokens = FirstTokenWindow()
+        self.gate = PrefillGate(config.prefill_gate, self.metrics)
         self.refused = 0  # requests queued or rejected: demand the total did not meet
         self._draining = False
         self._drain_again = False
@@ -141,6 +143,7 @@ class AdmissionCore:
             now,
             req.stream,
         )
+        self.gate.admitted(req.request_id, req.prompt_tokens, now, req.stream)
         ticket = Ticket(req.request_id, req.tenant, tokens, local, req.priority_class, now)
         reason = outcome.reason + ("_local" if local else "")
         kind = AdmissionKind.DEGRADE if degrade_to else AdmissionKind.ADMIT
@@ -177,8 +180,11 @@ class AdmissionCore:
             return self._reject(req.tenant, RejectReason.TOO_LARGE, output_bound=bound)
         # a request that fits in what its tenant is guaranteed must be admitted at once
         claim = self.link.usage.get(req.tenant, 0) + tokens <= quota.guaranteed
-        reason = "queue_backlog"
-        if not self.queue.has_backlog(req.tenant):  # keep each tenant's queue FIFO
+        paced = self._paced(req)
+        if paced:
+            self.metrics.prefill_held.labels(req.priority_class).inc()
+        reason = "prefill_gate" if paced else "queue_backlog"
+        if not paced and not self.queue.has_backlog(req.tenant):  # keep each tenant FIFO
             outcome, local = await self._reserve(req.tenant, tokens)
             if outcome.ok:
                 if claim:
@@ -186,7 +192,9 @@ class AdmissionCore:
                 return self._admitted(req, tokens, outcome, local, 0.0, now)
             reason = outcome.reason
         if claim:
-            self.metrics.guarantee_claims.labels(req.tenant, "refused").inc()
+            # the gate only delays a claim (its tokens stay free for it); the quota refuses
+            label = "paced" if paced else "refused"
+            self.metrics.guarantee_claims.labels(req.tenant, label).inc()
         if reason == RejectReason.STORE_UNAVAILABLE:
             return self._reject(req.tenant, RejectReason.STORE_UNAVAILABLE, retry_after_s=1.0)
         mode = self._degrade_mode(req)
@@ -237,6 +245,12 @@ class AdmissionCore:
             ticket=item,
         )
 
+    def _paced(self, req: AdmissionRequest) -> bool:
+        """The prefill gate holds this request back (it waits in the queue)."""
+        if not self.flags.enabled("prefill_gate"):
+            return False
+        return not self.gate.allows(req.prompt_tokens, req.priority_class)
+
     def _degrade_mode(self, req: AdmissionRequest) -> str | None:
         if not self.flags.enabled("degrade"):
             return None
@@ -269,6 +283,8 @@ class AdmissionCore:
 
     async def _drain_once(self, now: float) -> list[QueuedRequest]:
         async def attempt(item: QueuedRequest) -> bool:
+            if self._paced(item.request):
+                return False
             outcome, local = await self._reserve(item.tenant, item.tokens)
             if not outcome.ok:
                 return False
@@ -315,20 +331,27 @@ class AdmissionCore:
     # -- in flight -----------------------------------------------------------------------
     async def progress(
         self, result: AdmissionResult, generated_tokens: int, now: float | None = None
-    ) -> None:
+    ) -> list[QueuedRequest]:
         """Tokens generated so far; the reservation already covers the output bound.
 
-        The first report (with ``now``) times admission → first token for the quota loop.
+        The first report (with ``now``) times admission → first token for the quota loop
+        and frees the request's place in the prefill gate: queued work it held back is
+        admitted and returned (as ``release`` does).
         """
         ticket = result.ticket
         if not isinstance(ticket, Ticket) or ticket.released:
-            return
+            return []
+        freed = False
         if now is not None and not ticket.first_token and generated_tokens > 0:
             ticket.first_token = True
             self.first_tokens.observe(now, ticket.priority_class, now - ticket.admitted_at)
+            freed = self.gate.first_token(ticket.request_id, now)
         overrun = self.ledger.progress(ticket.request_id, generated_tokens)
         if overrun > 0:  # the engine ran past max_tokens: counted, never re-reserved
             self.metrics.bound_overrun.labels(ticket.tenant).inc(overrun)
+        if freed and now is not None and self.flags.enabled("prefill_gate"):
+            return await self.drain(now)
+        return []
 
     async def release(self, result: AdmissionResult, now: float) -> list[QueuedRequest]:
         """Return the reservation, then admit what now fits (DRR order)."""
@@ -337,6 +360,7 @@ class AdmissionCore:
             return []
         ticket.released = True
         self.ledger.close(ticket.request_id)
+        self.gate.closed(ticket.request_id)
         await self.link.give_back(ticket.tenant, ticket.reserved, ticket.local)
         self.releases.record(now, ticket.reserved)
         return await self.drain(now)

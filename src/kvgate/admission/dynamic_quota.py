@@ -234,9 +234,11 @@ class DynamicQuota:
         floor, ceiling = self._bounds(capacity)
         total = max(floor, total if ceiling is None else min(total, ceiling))
         self._ramp = None
-        if direction == "relax" and total > previous:
+        if direction == "relax" and total > previous and self.rule.too_much is None:
             # a raise admits (total - previous) of waiting work at once: a prefill burst
             # the engines answer slowly. Spread it over the checks of the settle window.
+            # (A raise bracketed by a too-much total is small and lands at once, so the
+            # loop is in the band the period it decides to be.)
             checks = max(1, round(dq.settle_fraction * dq.interval_s / dq.check_s))
             increment = -(-(total - previous) // checks)
             if checks > 1:

@@ -104,4 +104,20 @@ class AdmissionMetrics:
             ["tenant", "outcome"],
             registry=r,
         )
+        self.prefill_limit = Gauge(
+            "kvgate_admission_prefill_limit_tokens",
+            "Prefill gate: pending-prefill limit (prompt tokens awaiting a first token)",
+            registry=r,
+        )
+        self.prefill_pending = Gauge(
+            "kvgate_admission_prefill_pending_tokens",
+            "Prompt tokens of admitted streams still waiting for their first token",
+            registry=r,
+        )
+        self.prefill_held = Counter(
+            "kvgate_admission_prefill_held",
+            "Admissions the prefill gate held back (queued) by priority class",
+            ["priority_class"],
+            registry=r,
+        )
         self.store_up.set(1)

@@ -15,7 +15,10 @@ and moves, taking latency and KV as proportional to the total below the knee:
 * fine: toward the middle of that hold band (× 0.955/``p``; KV: toward the middle of
   the 50–80% watermarks), at most ×``max_step``, and with a too-much total known at most
   to the geometric mean of the two; once the two are within ``precision``, hold at the
-  fine one; after a too-much mark was forgotten, at most ×``precision`` a period;
+  fine one; after a too-much mark was forgotten, at most ×``precision`` a period, and
+  while the signals are near the limit (``p`` > 1/precision²) not past that forgotten
+  mark / ``precision``: a re-probe stays in the band below the old knee unless the
+  signals show clear headroom (capacity grew);
 * no unmet demand and nothing too much: hold.
 
 ``breach`` is the multiplicative decrease a check inside the period applies at once
@@ -63,7 +66,7 @@ class QuotaRule:
         self.fine: tuple[int, int] | None = None  # (total, period seen)
         self.too_much: tuple[int, int] | None = None
         self._period = 0
-        self.forgot_high = False
+        self.forgot_high: int | None = None  # a too-much total whose mark was forgotten
 
     def pressure(self, obs: Observation) -> float | None:
         signals = [obs.ttft_ratio] if obs.ttft_ratio is not None else []
@@ -76,7 +79,8 @@ class QuotaRule:
             mark = getattr(self, name)
             if mark is not None and self._period - mark[1] >= self.memory:
                 setattr(self, name, None)
-                self.forgot_high = self.forgot_high or name == "too_much"
+                if name == "too_much":
+                    self.forgot_high = mark[0]
 
     def breach(self, total: int, ttft_ratio: float) -> Move:
         """A check inside the period saw latency far over target: cut at once.
@@ -85,7 +89,7 @@ class QuotaRule:
         knee latency is a cliff, and right after a change it is inflated by the burst of
         admissions), never below the last total seen fine. The total is marked too much;
         a remembered fine total at or above it is dropped (capacity shrank)."""
-        self.too_much, self.forgot_high = (total, self._period), False
+        self.too_much, self.forgot_high = (total, self._period), None
         if self.fine is not None and self.fine[0] >= total:
             self.fine = None
         cut = max(1, int(total * self.decrease))
@@ -106,7 +110,7 @@ class QuotaRule:
         p = self.pressure(obs)
         t = obs.total
         if p is not None and p > 1.0:
-            self.too_much, self.forgot_high = (t, self._period), False
+            self.too_much, self.forgot_high = (t, self._period), None
             if self.fine is not None and self.fine[0] >= t:
                 self.fine = None  # capacity shrank: what was fine is not any more
             # the estimate: latency and KV in proportion to the total (true below the knee)
@@ -127,14 +131,20 @@ class QuotaRule:
         room = (1.0 + 1.0 / self.precision) / 2 / p if p else self.max_step
         if self.too_much is not None:
             high = self.too_much[0]
-            if high <= self.fine[0] * self.precision:
+            if high <= self.fine[0] * self.precision + 1:  # (+1: the estimate rounds down)
                 return Move(self.fine[0] if t != self.fine[0] else t, "hold", p)
-            target = min(int(math.sqrt(self.fine[0] * high)), int(t * room))
+            # the proportional estimate, kept a band below the too-much total; at least
+            # halfway (geometric) to it when the estimate is timid
+            estimate = min(int(t * room), int(high / self.precision))
+            target = max(estimate, min(int(math.sqrt(self.fine[0] * high)), int(t * room)))
             return Move(max(t, target), "relax", p)
         factor = 2.0
         if obs.kv_ratio is not None and obs.kv_ratio > 0:
             factor = self.kv_middle / obs.kv_ratio
         factor = min(self.max_step, room, max(1.1, factor))
-        if self.forgot_high:  # a too-much mark was forgotten: probe it again step by step
+        if self.forgot_high is not None:  # a too-much mark was forgotten: probe step by step
             factor = min(factor, self.precision)
+            if p is not None and p * self.precision**2 > 1.0:  # near the limit: stay below
+                cap = max(t, int(self.forgot_high / self.precision))
+                return Move(min(int(t * factor), cap), "relax" if cap > t else "hold", p)
         return Move(int(t * factor), "relax", p)

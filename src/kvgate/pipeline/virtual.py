@@ -31,7 +31,8 @@ class VirtualAdmission:
         return await self.core.try_admit(req, self.clock.now())
 
     async def progress(self, result: AdmissionResult, generated_tokens: int) -> None:
-        await self.core.progress(result, generated_tokens, self.clock.now())
+        for item in await self.core.progress(result, generated_tokens, self.clock.now()):
+            self.on_admitted(item)
 
     async def release(self, result: AdmissionResult) -> None:
         for item in await self.core.release(result, self.clock.now()):

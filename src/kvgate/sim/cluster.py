@@ -635,13 +635,16 @@ class ClusterSim:
             summary["quota_total_final"] = self.admission.total
             summary["quota_adjustments"] = self._quota_steps
             summary["quota_series"] = self._quota_series
-            claims = {"honoured": 0.0, "refused": 0.0}
+            claims = {"honoured": 0.0, "refused": 0.0, "paced": 0.0}
             for metric in self.admission.metrics.guarantee_claims.collect():
                 for sample in metric.samples:
                     if sample.name.endswith("_total"):
                         claims[sample.labels["outcome"]] += sample.value
             asked = claims["honoured"] + claims["refused"]
             summary["guarantees_honoured"] = claims["honoured"] / asked if asked else None
+            # claims the prefill gate delayed (queued, not refused by the quota)
+            claimed = asked + claims["paced"]
+            summary["guarantees_paced"] = claims["paced"] / claimed if claimed else None
             if self.dynamic_quota is not None:
                 summary["quota_steps"] = [
                     (s.at, s.total, s.direction, s.pressure) for s in self.dynamic_quota.history

@@ -15,6 +15,10 @@ applies to the owner's pipeline:
 * ``job`` (call, ordered): an async job runs here, with the flow the owner admitted;
 * ``models`` (call): the served models, which workers cache to resolve ``model``.
 
+The owner sends each worker its running config when the worker connects and again on
+every config version it applies, so tenant keys, classes and limits change without a
+restart.
+
 A worker's one-way messages and ordered calls are applied in the order it sent them.
 """
 
@@ -32,6 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from kvgate.gateway.admission_http import admission_header
+from kvgate.gateway.config import GatewayConfig
 from kvgate.gateway.errors import ApiError
 from kvgate.gateway.gateway import Gateway
 from kvgate.gateway.handlers import start_async_job
@@ -54,11 +59,19 @@ class DecisionOwner:
         self.flows: dict[tuple[int, int], Flow] = {}
         self.admitting: dict[tuple[int, int], asyncio.Task[Any]] = {}
         self.worker_metrics = MergedMetrics()
+        self.connections: dict[int, _OwnerConnection] = {}
+        # a config version applied here (admin endpoint, `kvgate config`, another replica's
+        # apply seen in the store) reaches every worker: tenants, keys, classes, limits
+        gateway.config_listeners.append(self.config_changed)
 
     async def serve(self, path: str) -> asyncio.AbstractServer:
         loop = asyncio.get_running_loop()
         counter = iter(range(1, 1 << 30))
         return await loop.create_unix_server(lambda: _OwnerConnection(self, next(counter)), path)
+
+    def config_changed(self, config: GatewayConfig) -> None:
+        for conn in list(self.connections.values()):
+            conn.send(("config", config), now=True)
 
     # -- calls -------------------------------------------------------------------------
     async def admit(
@@ -174,7 +187,14 @@ class _OwnerConnection(FrameProtocol):
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._task = asyncio.get_running_loop().create_task(self._ordered())
 
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.owner.connections[self.worker] = self
+        # before any answer: the worker runs the owner's config from its first request
+        self.send(("config", self.owner.gateway.config), now=True)
+
     def _lost(self) -> None:
+        self.owner.connections.pop(self.worker, None)
         self._queue.put_nowait(("gone",))
 
     def _frame(self, frame: Any) -> None:

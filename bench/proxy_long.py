@@ -309,7 +309,8 @@ def start_kvgate(
 ) -> Target:
     extra = ["--policy", policy, "--log-level", "warning", "--engine-type", "sim"]
     extra += more or []
-    if src is None:  # a baseline checkout may predate --workers
+    # a baseline checkout may predate --workers (then it is one process anyway)
+    if src is None or "--workers" in (Path(src) / "kvgate/gateway/cli.py").read_text():
         extra += ["--workers", str(workers)]
     launcher = python_args or ["-m"]
     cmd = [sys.executable, *launcher, "kvgate", "serve", "--host", "127.0.0.1"]

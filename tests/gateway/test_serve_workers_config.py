@@ -1,5 +1,6 @@
-"""`kvgate serve` as a process: the id it gives itself on port 0, and (with --workers) a
-config version's tenant keys and classes reaching every proxy worker without a restart."""
+"""`kvgate serve` as a process: the id it gives itself on port 0, and with --workers: a
+config version's tenant keys and classes reaching every proxy worker without a restart,
+and /metrics serving every worker's figures as of the scrape."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import aiohttp
 import pytest
 
 from kvgate.procs import start_gateway_process
+from tests.gateway._engines import MODEL, engines
 
 ADMIN = {"Authorization": "Bearer s3cret"}
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
 
 def _tenants(keys: list[str], classes: list[str]) -> dict[str, Any]:
@@ -78,3 +81,27 @@ async def test_config_version_reaches_every_worker() -> None:
         assert 403 not in after_class, after_class
     finally:
         gw.stop()
+
+
+def _requests_total(text: str, status: str) -> float:
+    want = f'kvgate_requests_total{{endpoint="/v1/chat/completions",status="{status}"}}'
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(want))
+
+
+async def test_metrics_scrape_counts_every_finished_request_of_every_worker() -> None:
+    # a scrape asks each worker for its figures first: no push period between a finished
+    # request and the counters the owner serves
+    with engines(1) as (engine,):
+        gw = start_gateway_process(backends=[engine.url], extra_args=["--workers", "2"])
+        try:
+            for n in range(1, 7):
+                async with (
+                    aiohttp.ClientSession() as s,
+                    s.post(gw.url + "/v1/chat/completions", json=CHAT) as r,
+                ):
+                    assert r.status == 200, await r.text()
+                    await r.read()
+                async with aiohttp.ClientSession() as s, s.get(gw.url + "/metrics") as r:
+                    assert _requests_total(await r.text(), "200") == n
+        finally:
+            gw.stop()

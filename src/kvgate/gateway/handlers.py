@@ -67,7 +67,10 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    registry = request.app[GATEWAY].registry
+    gateway = request.app[GATEWAY]
+    for refresh in getattr(gateway, "metrics_refreshers", ()):
+        await refresh()
+    registry = gateway.registry
     return web.Response(
         body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
     )

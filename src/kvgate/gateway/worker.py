@@ -61,7 +61,9 @@ class WorkerGateway:
         self.tenants = TenantDirectory(config.admission)
         # without its owner a worker can decide nothing: it shuts down (no orphans)
         self.client = DecisionClient(
-            on_lost=lambda: os.kill(os.getpid(), signal.SIGTERM), on_config=self.apply_config
+            on_lost=lambda: os.kill(os.getpid(), signal.SIGTERM),
+            on_config=self.apply_config,
+            on_metrics_wanted=self.push_metrics,
         )
         self.urls: dict[str, str] = {}
         self.pipeline = RemotePipeline(self.client, self.urls)
@@ -88,10 +90,13 @@ class WorkerGateway:
         self.config = config
         self.tenants = TenantDirectory(config.admission)
 
-    def push_metrics(self) -> None:
+    def push_metrics(self, asked: int = 0) -> None:
+        """This worker's metrics to the owner (``asked``: the owner's request number)."""
+        if self._soon is not None and not asked:
+            self._soon.cancel()
         self._soon = None
         self._pushed_at = time.monotonic()
-        self.client.tell("metrics", generate_latest(self.registry).decode())
+        self.client.tell("metrics", generate_latest(self.registry).decode(), asked, now=bool(asked))
 
     def request_ended(self) -> None:
         self.active -= 1

@@ -129,8 +129,11 @@ def test_record_matches_plain_model_in_holders_and_lru_order() -> None:
     blocks: dict[int, dict[str, float]] = {}
     order: list[int] = []
     prompts = [chain(f"p{i}-", 6) for i in range(4)] + [chain("p0-", 3)]
+    head = [f" h{i}" for i in range(4 * 16)]
     for step in range(300):
         node, hashes = rng.choice(["n1", "n1", "n1", "n2"]), rng.choice(prompts)
+        if step % 3 == 0:  # a shared head and a question of its own: new deepest blocks
+            hashes = block_hashes(head + [f" q{step}-{j}" for j in range(rng.randint(1, 40))])
         index.record(node, hashes, now=float(step))
         _reference_record(blocks, order, node, hashes, float(step))
         assert list(index._blocks) == order

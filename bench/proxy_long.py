@@ -305,9 +305,12 @@ def start_kvgate(
     *,
     src: str | None = None,
     name: str | None = None,
+    more: list[str] | None = None,
 ) -> Target:
     extra = ["--policy", policy, "--log-level", "warning", "--engine-type", "sim"]
-    if src is None:  # a baseline checkout may predate --workers
+    extra += more or []
+    # a baseline checkout may predate --workers (then it is one process anyway)
+    if src is None or "--workers" in (Path(src) / "kvgate/gateway/cli.py").read_text():
         extra += ["--workers", str(workers)]
     launcher = python_args or ["-m"]
     cmd = [sys.executable, *launcher, "kvgate", "serve", "--host", "127.0.0.1"]
@@ -359,6 +362,17 @@ def add_long_arguments(parser: argparse.ArgumentParser) -> None:
         help="also run kvgate hybrid imported from this src/ tree (e.g. a checkout of main)",
     )
     g.add_argument("--profile-baseline", help="cProfile the baseline gateway to FILE")
+    g.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=ARGS",
+        help="one more kvgate hybrid (1 worker) row with extra serve arguments, "
+        "e.g. 'noadm=--flag admission=off' (what a part costs)",
+    )
+    g.add_argument(
+        "--cpu-only", action="store_true", help="only the closed-loop CPU phase (no TTFT, ramp)"
+    )
 
 
 @dataclass
@@ -444,6 +458,11 @@ def run_long(args: argparse.Namespace) -> int:
                 profiling = args.profile and policy == "hybrid" and w == 1
                 py = _profiler(args.profile) if profiling else []
                 targets.append(start_kvgate(engines, policy, w, py))
+        for variant in args.variant:
+            label, _, more = variant.partition("=")
+            targets.append(
+                start_kvgate(engines, "hybrid", 1, [], name=f"kvgate-{label}", more=more.split())
+            )
         # Direct: the engine-sims are one process per engine; spread over them through
         # a client per engine, i.e. what a perfect zero-cost round-robin proxy would do.
         direct = DirectSpread(engines)
@@ -456,48 +475,8 @@ def run_long(args: argparse.Namespace) -> int:
         for name, row in _phase_cpu(targets, bodies, args, engines).items():
             rows[name].update(row)
             print(name, json.dumps(row), flush=True)
-        # 2. added TTFT at the fixed rate (and CPU/request there)
-        base = run_async(direct.open(bodies, args.rate, args.duration, 0))
-        for t in targets:
-            cpu0 = tree_cpu_seconds(t.pid) if t.pid else 0.0
-            s = run_async(_open_loop(t.url, bodies, args.rate, args.duration, 0))
-            cpu = tree_cpu_seconds(t.pid) - cpu0 if t.pid else 0.0
-            rows[t.name].update(
-                {
-                    f"cpu_us_per_request_at_{int(args.rate)}rps": round(
-                        cpu / max(len(s.ttft), 1) * 1e6, 1
-                    ),
-                    "direct_ttft_p50_ms": round(base.pct(0.5) * 1e3, 2),
-                    "direct_ttft_p99_ms": round(base.pct(0.99) * 1e3, 2),
-                    "added_ttft_p50_ms": round((s.pct(0.5) - base.pct(0.5)) * 1e3, 2),
-                    "added_ttft_p99_ms": round((s.pct(0.99) - base.pct(0.99)) * 1e3, 2),
-                    "fixed_rate_errors": s.errors,
-                }
-            )
-            print(t.name, json.dumps(rows[t.name]), flush=True)
-        # 3. ramp
-        alive = {t.name for t in targets}
-        for t in targets:
-            rows[t.name]["max_rps_within_bound"] = 0
-        offset = 0
-        for rate in args.ramp:
-            if not alive:
-                break
-            offset += int(rate * args.duration)
-            d = run_async(direct.open(bodies, rate, args.duration, offset))
-            line = {"rate": rate, "direct_p99_ms": round(d.pct(0.99) * 1e3, 1)}
-            for t in targets:
-                if t.name not in alive:
-                    continue
-                s = run_async(_open_loop(t.url, bodies, rate, args.duration, offset))
-                added = (s.pct(0.99) - d.pct(0.99)) * 1e3
-                answered = len(s.ttft) / max(s.sent, 1)
-                line[t.name] = round(added, 1)
-                if added <= args.p99_bound_ms and answered >= 0.97:
-                    rows[t.name]["max_rps_within_bound"] = rate
-                else:
-                    alive.discard(t.name)
-            print(json.dumps(line), flush=True)
+        if not args.cpu_only:
+            _phase_latency(targets, bodies, args, direct, rows)
         results = rows
     finally:
         for t in targets:
@@ -513,6 +492,58 @@ def run_long(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
+
+
+def _phase_latency(
+    targets: list[Target],
+    bodies: list[bytes],
+    args: argparse.Namespace,
+    direct: DirectSpread,
+    rows: dict[str, dict[str, Any]],
+) -> None:
+    """Phases 2 (added TTFT at ``--rate``) and 3 (the ramp)."""
+    # 2. added TTFT at the fixed rate (and CPU/request there)
+    base = run_async(direct.open(bodies, args.rate, args.duration, 0))
+    for t in targets:
+        cpu0 = tree_cpu_seconds(t.pid) if t.pid else 0.0
+        s = run_async(_open_loop(t.url, bodies, args.rate, args.duration, 0))
+        cpu = tree_cpu_seconds(t.pid) - cpu0 if t.pid else 0.0
+        rows[t.name].update(
+            {
+                f"cpu_us_per_request_at_{int(args.rate)}rps": round(
+                    cpu / max(len(s.ttft), 1) * 1e6, 1
+                ),
+                "direct_ttft_p50_ms": round(base.pct(0.5) * 1e3, 2),
+                "direct_ttft_p99_ms": round(base.pct(0.99) * 1e3, 2),
+                "added_ttft_p50_ms": round((s.pct(0.5) - base.pct(0.5)) * 1e3, 2),
+                "added_ttft_p99_ms": round((s.pct(0.99) - base.pct(0.99)) * 1e3, 2),
+                "fixed_rate_errors": s.errors,
+            }
+        )
+        print(t.name, json.dumps(rows[t.name]), flush=True)
+    # 3. ramp
+    alive = {t.name for t in targets}
+    for t in targets:
+        rows[t.name]["max_rps_within_bound"] = 0
+    offset = 0
+    for rate in args.ramp:
+        if not alive:
+            break
+        offset += int(rate * args.duration)
+        d = run_async(direct.open(bodies, rate, args.duration, offset))
+        line = {"rate": rate, "direct_p99_ms": round(d.pct(0.99) * 1e3, 1)}
+        for t in targets:
+            if t.name not in alive:
+                continue
+            s = run_async(_open_loop(t.url, bodies, rate, args.duration, offset))
+            added = (s.pct(0.99) - d.pct(0.99)) * 1e3
+            answered = len(s.ttft) / max(s.sent, 1)
+            line[t.name] = round(added, 1)
+            if added <= args.p99_bound_ms and answered >= 0.97:
+                rows[t.name]["max_rps_within_bound"] = rate
+            else:
+                alive.discard(t.name)
+        print(json.dumps(line), flush=True)
 
 
 class DirectSpread:

@@ -106,3 +106,38 @@ def test_entry_count_stays_exact_with_shared_blocks() -> None:
         )
     index.expire(now=1000)
     assert len(index) == 0 and index.stats().blocks == 0
+
+
+def _reference_record(
+    blocks: dict[int, dict[str, float]], order: list[int], node: str, hashes: list[int], now: float
+) -> None:
+    """What ``record`` must do, written plainly: touch deepest-first, set this node's time."""
+    for h in reversed(hashes):
+        blocks.setdefault(h, {})[node] = now
+        if h in order:
+            order.remove(h)
+        order.append(h)
+
+
+def test_record_matches_plain_model_in_holders_and_lru_order() -> None:
+    # the fast path (every block already this node's alone) and the general loop must
+    # leave the same holders, times and LRU order as the plain model
+    import random
+
+    rng = random.Random(3)
+    index = PrefixIndex(ttl_s=1e9, max_entries=10**6)
+    blocks: dict[int, dict[str, float]] = {}
+    order: list[int] = []
+    prompts = [chain(f"p{i}-", 6) for i in range(4)] + [chain("p0-", 3)]
+    head = [f" h{i}" for i in range(4 * 16)]
+    for step in range(300):
+        node, hashes = rng.choice(["n1", "n1", "n1", "n2"]), rng.choice(prompts)
+        if step % 3 == 0:  # a shared head and a question of its own: new deepest blocks
+            hashes = block_hashes(head + [f" q{step}-{j}" for j in range(rng.randint(1, 40))])
+        index.record(node, hashes, now=float(step))
+        _reference_record(blocks, order, node, hashes, float(step))
+        assert list(index._blocks) == order
+        for h, holders in index._blocks.items():
+            got = {holders[0]: holders[1]} if isinstance(holders, tuple) else dict(holders)
+            assert got == blocks[h]
+        assert len(index) == sum(len(v) for v in blocks.values())

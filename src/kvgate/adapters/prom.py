@@ -154,11 +154,13 @@ def parse_sample_line(line: str, lineno: int = 0) -> Sample:
     return Sample(name, labels, value)
 
 
-def parse_metrics(text: str) -> MetricSet:
+def parse_metrics(text: str, *, skip_suffixes: tuple[str, ...] = ()) -> MetricSet:
     """Parse a whole scrape. Raises MetricsParseError on the first malformed line.
 
     The format requires the last line to end with a line feed; a body without one was
     cut short in transit, so it is refused like any other malformed text.
+    ``skip_suffixes``: samples whose metric name ends so (e.g. histogram ``_bucket``
+    lines, two thirds of an engine's scrape) are passed over unparsed.
     """
     if not text.strip():
         raise MetricsParseError("empty metrics text")
@@ -178,5 +180,9 @@ def parse_metrics(text: str) -> MetricSet:
                     raise MetricsParseError(f"line {lineno}: bad TYPE line")
                 out.types[parts[2]] = parts[3].strip()
             continue
+        if skip_suffixes:
+            m = _NAME.match(line)
+            if m is not None and m.group(0).endswith(skip_suffixes):
+                continue
         out.add(parse_sample_line(line, lineno))
     return out

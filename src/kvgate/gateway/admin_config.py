@@ -73,6 +73,8 @@ def install(app: web.Application) -> None:
     def applied(config: GatewayConfig) -> None:
         book.set_config(*_book_inputs(config))
         sync.written = None  # rewrite the calibrated total over a config's total_quota
+        for listener in list(gateway.config_listeners):
+            listener(config)
 
     reloader = ConfigReloader(
         gateway, author=f"gateway {gateway.config.gateway_id}", on_applied=applied

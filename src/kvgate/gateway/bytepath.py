@@ -23,7 +23,6 @@ _HIGH_WATER = 256 * 1024  # client write buffer above this: stop reading upstrea
 _LOW_WATER = 64 * 1024
 _RESUME_POLL_S = 0.005
 _USAGE_MARKS = (b'"usage":{', b'"usage": {')
-_TOKEN_MARKS = ((b'"content":"', b'"content":""'), (b'"text":"', b'"text":""'))
 
 
 def strip_null_usage(raw: bytes) -> bytes:
@@ -32,12 +31,11 @@ def strip_null_usage(raw: bytes) -> bytes:
 
 def count_generated(events: bytes) -> int:
     """Streamed chunks that carry text (≈ tokens: engines stream about one per chunk)."""
-    total = 0
-    for mark, empty in _TOKEN_MARKS:
-        n = events.count(mark)
-        if n:
-            total += n - events.count(empty)
-    return total
+    n = events.count(b'"content":"')
+    if n:  # a chat stream: no completion "text" fields to look for
+        return n - events.count(b'"content":""')
+    n = events.count(b'"text":"')
+    return n - events.count(b'"text":""') if n else 0
 
 
 class SseRelay:
@@ -77,9 +75,22 @@ class SseRelay:
         if end < 0:
             self._pending = data
             return
-        events, self._pending = data[: end + 2], data[end + 2 :]
-        if not self.done and (b"data: [DONE]" in events or b"data:[DONE]" in events):
+        if end + 2 == len(data):  # the usual read: whole events only
+            events = data
+            if self._pending:
+                self._pending = b""
+        else:
+            events, self._pending = data[: end + 2], data[end + 2 :]
+        if (
+            not self.done
+            and b"[DONE]" in events
+            and (b"data: [DONE]" in events or b"data:[DONE]" in events)
+        ):
             self.done = True
+        if self.strip_usage:
+            # the usage option kvgate added puts "usage":null in every chunk: drop it first,
+            # so only a chunk with real usage takes the slow path
+            events = events.replace(b',"usage":null', b"")
         if b'"usage"' in events:
             events = self._usage(events)
         self.generated += count_generated(events)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import socket
 import sys
 from typing import Any
 
@@ -115,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    from kvgate.gateway.worker import bind_port
     from kvgate.gateway.workers import default_workers
 
     try:
@@ -137,20 +139,42 @@ def run(args: argparse.Namespace) -> int:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     except ImportError:
         pass
+    # Port 0: bind first, so the gateway (its id, its leases) knows the port it serves on.
+    reserved: socket.socket | None = None
+    if config.server.port == 0:
+        try:
+            reserved = bind_port(config.server.host, 0, reuse_port=workers > 1)
+        except OSError as exc:
+            print(f"kvgate serve: cannot bind {config.server.host}: {exc}", file=sys.stderr)
+            return 2
+        config.server.port = int(reserved.getsockname()[1])
     try:
         app = create_app(config)
     except ValueError as exc:  # e.g. a tokenizer file that does not load
         print(f"kvgate serve: invalid config: {exc}", file=sys.stderr)
         return 2
     if workers == 1:
-        asyncio.run(_serve(app, config.server.host, config.server.port, args.port_file))
+        asyncio.run(
+            _serve(app, config.server.host, config.server.port, args.port_file, sock=reserved)
+        )
     else:
-        asyncio.run(_serve_workers(app, data, config, workers, args.port_file, args.log_level))
+        asyncio.run(
+            _serve_workers(
+                app, data, config, workers, args.port_file, args.log_level, reserved=reserved
+            )
+        )
     return 0
 
 
 async def _serve_workers(
-    app: Any, data: dict[str, Any], config: Any, workers: int, port_file: str | None, level: str
+    app: Any,
+    data: dict[str, Any],
+    config: Any,
+    workers: int,
+    port_file: str | None,
+    level: str,
+    *,
+    reserved: socket.socket | None = None,
 ) -> None:
     """One decision owner (this process) and ``workers`` proxy processes on one port."""
     import signal
@@ -164,6 +188,7 @@ async def _serve_workers(
         host=config.server.host,
         port=config.server.port,
         log_level=level,
+        reserved=reserved,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -182,7 +207,9 @@ async def _serve_workers(
         await group.stop()
 
 
-async def _serve(app: Any, host: str, port: int, port_file: str | None) -> None:
+async def _serve(
+    app: Any, host: str, port: int, port_file: str | None, *, sock: socket.socket | None = None
+) -> None:
     import signal
 
     from aiohttp import web
@@ -191,7 +218,11 @@ async def _serve(app: Any, host: str, port: int, port_file: str | None) -> None:
     # request and any admission-queue entry go with it
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0, handler_cancellation=True)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=1024)
+    site: web.BaseSite
+    if sock is not None:
+        site = web.SockSite(runner, sock, backlog=1024)
+    else:
+        site = web.TCPSite(runner, host, port, backlog=1024)
     await site.start()
     bound = runner.addresses[0][1] if runner.addresses else port
     logging.getLogger("kvgate.gateway").info("listening on http://%s:%s", host, bound)

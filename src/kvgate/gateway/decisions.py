@@ -15,6 +15,10 @@ applies to the owner's pipeline:
 * ``job`` (call, ordered): an async job runs here, with the flow the owner admitted;
 * ``models`` (call): the served models, which workers cache to resolve ``model``.
 
+The owner sends each worker its running config when the worker connects and again on
+every config version it applies, so tenant keys, classes and limits change without a
+restart.
+
 A worker's one-way messages and ordered calls are applied in the order it sent them.
 """
 
@@ -32,6 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from kvgate.gateway.admission_http import admission_header
+from kvgate.gateway.config import GatewayConfig
 from kvgate.gateway.errors import ApiError
 from kvgate.gateway.gateway import Gateway
 from kvgate.gateway.handlers import start_async_job
@@ -43,6 +48,7 @@ from kvgate.types import AdmissionKind, AdmissionRequest, RouteRequest
 log = logging.getLogger("kvgate.gateway.decisions")
 
 _ORDERED_CALLS = frozenset({"next", "job", "models"})
+WORKER_METRICS_WAIT_S = 0.5  # /metrics waits at most this long for the workers' figures
 
 
 class DecisionOwner:
@@ -54,11 +60,45 @@ class DecisionOwner:
         self.flows: dict[tuple[int, int], Flow] = {}
         self.admitting: dict[tuple[int, int], asyncio.Task[Any]] = {}
         self.worker_metrics = MergedMetrics()
+        self.connections: dict[int, _OwnerConnection] = {}
+        # a config version applied here (admin endpoint, `kvgate config`, another replica's
+        # apply seen in the store) reaches every worker: tenants, keys, classes, limits
+        gateway.config_listeners.append(self.config_changed)
+        gateway.metrics_refreshers.append(self.refresh_worker_metrics)
+        self._metrics_asked = 0
+        self._metrics_waiters: dict[tuple[int, int], asyncio.Future[None]] = {}
 
     async def serve(self, path: str) -> asyncio.AbstractServer:
         loop = asyncio.get_running_loop()
         counter = iter(range(1, 1 << 30))
         return await loop.create_unix_server(lambda: _OwnerConnection(self, next(counter)), path)
+
+    async def refresh_worker_metrics(self, timeout_s: float = WORKER_METRICS_WAIT_S) -> None:
+        """Ask every worker for its metrics now and wait (briefly) for the answers."""
+        if not self.connections:
+            return
+        self._metrics_asked += 1
+        n = self._metrics_asked
+        loop = asyncio.get_running_loop()
+        keys = [(worker, n) for worker in self.connections]
+        for key in keys:
+            self._metrics_waiters[key] = loop.create_future()
+            self.connections[key[0]].send(("metrics?", n), now=True)
+        try:  # a stuck worker: its last push is served
+            await asyncio.wait([self._metrics_waiters[k] for k in keys], timeout=timeout_s)
+        finally:
+            for key in keys:
+                self._metrics_waiters.pop(key, None)
+
+    def metrics_arrived(self, worker: int, text: str, asked: int) -> None:
+        self.worker_metrics.update(worker, text)
+        waiter = self._metrics_waiters.pop((worker, asked), None) if asked else None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def config_changed(self, config: GatewayConfig) -> None:
+        for conn in list(self.connections.values()):
+            conn.send(("config", config), now=True)
 
     # -- calls -------------------------------------------------------------------------
     async def admit(
@@ -174,7 +214,14 @@ class _OwnerConnection(FrameProtocol):
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._task = asyncio.get_running_loop().create_task(self._ordered())
 
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.owner.connections[self.worker] = self
+        # before any answer: the worker runs the owner's config from its first request
+        self.send(("config", self.owner.gateway.config), now=True)
+
     def _lost(self) -> None:
+        self.owner.connections.pop(self.worker, None)
         self._queue.put_nowait(("gone",))
 
     def _frame(self, frame: Any) -> None:
@@ -185,7 +232,7 @@ class _OwnerConnection(FrameProtocol):
             self.owner.admitting[k] = task
             task.add_done_callback(lambda _: self.owner.admitting.pop(k, None))
         elif op == "metrics":
-            self.owner.worker_metrics.update(self.worker, frame[1])
+            self.owner.metrics_arrived(self.worker, frame[1], frame[2] if len(frame) > 2 else 0)
         else:
             self._queue.put_nowait(frame)
 

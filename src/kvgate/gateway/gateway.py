@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import aiohttp
@@ -95,6 +95,12 @@ class Gateway:
         self.scraper: Scraper | None = None
         self.node_registry: NodeRegistry | None = None
         self._background: set[asyncio.Task[Any]] = set()
+        # called with each config version this replica starts running (hot reload);
+        # the decision owner of ``--workers N`` passes it on to its workers
+        self.config_listeners: list[Callable[[GatewayConfig], None]] = []
+        # awaited before /metrics renders (the owner of --workers N fetches fresh worker
+        # counters here, so a scrape never reads a worker's figures from a second ago)
+        self.metrics_refreshers: list[Callable[[], Awaitable[None]]] = []
 
     # -- nodes -------------------------------------------------------------------------
     def add_node(self, spec: NodeSpec, source: str) -> None:

@@ -11,8 +11,8 @@ that disconnects. Every answer, errors included, carries ``X-Request-Id`` and th
 from __future__ import annotations
 
 import json
+import random
 import time
-import uuid
 from typing import Any
 
 from aiohttp import web
@@ -39,6 +39,9 @@ TENANT_HEADER = "X-KVGate-Tenant"
 PRIORITY_HEADER = "X-KVGate-Priority"
 CLASS_HEADER = "X-KVGate-Class"
 ENDPOINT_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+# request ids: 64 random bits from a generator seeded once from the OS (uuid4 asks the
+# kernel for fresh bytes on every request)
+_IDS = random.Random()
 
 
 def add_routes(app: web.Application) -> None:
@@ -64,7 +67,10 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    registry = request.app[GATEWAY].registry
+    gateway = request.app[GATEWAY]
+    for refresh in getattr(gateway, "metrics_refreshers", ()):
+        await refresh()
+    registry = gateway.registry
     return web.Response(
         body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
     )
@@ -180,7 +186,7 @@ def _known_headers(request_id: str, flow: Flow | None) -> dict[str, str]:
 async def generate(request: web.Request, endpoint: str) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
     started = time.perf_counter()
-    request_id = request.headers.get("X-Request-Id") or f"req-{uuid.uuid4().hex[:16]}"
+    request_id = request.headers.get("X-Request-Id") or f"req-{_IDS.getrandbits(64):016x}"
     entry = request_log(request)
     entry.request_id = request_id
     flows: list[Flow] = []  # the request's flow, once it has one (for error headers)

@@ -3,7 +3,10 @@
 Frames: 4-byte length + pickle (both ends are this program, on one machine). Outgoing
 frames are coalesced: everything sent during one event-loop turn leaves in one write.
 A *call* carries a sequence number and waits for the owner's ``("ok"|"err", seq, …)``
-answer; a *tell* is one-way. The owner applies each worker's tells and ordered calls in
+answer; a *tell* is one-way. The owner also sends ``("config", GatewayConfig)`` on its
+own: when a worker connects and whenever it starts running a new config version; and
+``("metrics?", n)`` when it renders /metrics, which the worker answers with its
+``("metrics", text, n)`` push. The owner applies each worker's tells and ordered calls in
 the order sent, so an attempt's outcome always reaches the pipeline before the retry
 decision or the release that follows it.
 """
@@ -110,8 +113,15 @@ def error_from(t: tuple[Any, ...]) -> ApiError:
 class DecisionClient:
     """A worker's connection to the owner."""
 
-    def __init__(self, on_lost: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_lost: Callable[[], None] | None = None,
+        on_config: Callable[[Any], None] | None = None,
+        on_metrics_wanted: Callable[[int], None] | None = None,
+    ) -> None:
         self.on_lost = on_lost
+        self.on_config = on_config  # the owner's config, at connect and on each reload
+        self.on_metrics_wanted = on_metrics_wanted  # the owner renders /metrics: push now
         self._proto: FrameProtocol | None = None
         self._waiters: dict[int, asyncio.Future[Any]] = {}
         self._seq = 0
@@ -135,6 +145,14 @@ class DecisionClient:
         self._waiters.clear()
 
     def _frame(self, frame: Any) -> None:
+        if frame[0] == "config":
+            if self.on_config is not None:
+                self.on_config(frame[1])
+            return
+        if frame[0] == "metrics?":
+            if self.on_metrics_wanted is not None:
+                self.on_metrics_wanted(frame[1])
+            return
         waiter = self._waiters.pop(frame[1], None)
         if waiter is None or waiter.done():
             return

@@ -66,9 +66,9 @@ async def access_middleware(request: web.Request, handler: Handler) -> web.Strea
     finally:
         metrics.inflight.dec()
         elapsed = time.perf_counter() - started
-        metrics.requests.labels(endpoint, str(status)).inc()
+        metrics.child(metrics.requests, endpoint, str(status)).inc()
         if endpoint.startswith("/v1/"):
-            metrics.request_duration.labels(endpoint).observe(elapsed)
+            metrics.child(metrics.request_duration, endpoint).observe(elapsed)
         if endpoint not in ("/metrics", "/health") and access_log.isEnabledFor(logging.INFO):
             entry = request_log(request)
             fields = {

@@ -60,7 +60,11 @@ class WorkerGateway:
         self.flags = Flags(config.flags)
         self.tenants = TenantDirectory(config.admission)
         # without its owner a worker can decide nothing: it shuts down (no orphans)
-        self.client = DecisionClient(on_lost=lambda: os.kill(os.getpid(), signal.SIGTERM))
+        self.client = DecisionClient(
+            on_lost=lambda: os.kill(os.getpid(), signal.SIGTERM),
+            on_config=self.apply_config,
+            on_metrics_wanted=self.push_metrics,
+        )
         self.urls: dict[str, str] = {}
         self.pipeline = RemotePipeline(self.client, self.urls)
         # the engines' own prompt hashing (precise routing); the hub's sockets stay the
@@ -79,10 +83,20 @@ class WorkerGateway:
         self._pushed_at = 0.0
         self._soon: asyncio.TimerHandle | None = None
 
-    def push_metrics(self) -> None:
+    def apply_config(self, config: GatewayConfig) -> None:
+        """The owner's running config (at connect, then on each version it applies)."""
+        if config is self.config:
+            return
+        self.config = config
+        self.tenants = TenantDirectory(config.admission)
+
+    def push_metrics(self, asked: int = 0) -> None:
+        """This worker's metrics to the owner (``asked``: the owner's request number)."""
+        if self._soon is not None and not asked:
+            self._soon.cancel()
         self._soon = None
         self._pushed_at = time.monotonic()
-        self.client.tell("metrics", generate_latest(self.registry).decode())
+        self.client.tell("metrics", generate_latest(self.registry).decode(), asked, now=bool(asked))
 
     def request_ended(self) -> None:
         self.active -= 1
@@ -224,13 +238,23 @@ def create_worker_app(config: GatewayConfig, owner_http: str, owner_ipc: str) ->
     return app
 
 
-def reuseport_socket(host: str, port: int) -> socket.socket:
+def bind_port(host: str, port: int, *, reuse_port: bool) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (not listening yet)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
     return sock
+
+
+def reuseport_socket(host: str, port: int) -> socket.socket:
+    return bind_port(host, port, reuse_port=True)
 
 
 async def _run(args: argparse.Namespace) -> None:

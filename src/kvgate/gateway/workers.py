@@ -40,7 +40,10 @@ class WorkerSet:
         host: str,
         port: int,
         log_level: str = "info",
+        reserved: socket.socket | None = None,
     ) -> None:
+        """``reserved``: the public port's socket, already bound with SO_REUSEPORT (else
+        bound in ``start``)."""
         self.app = app
         self.config_data = config_data
         self.workers = workers
@@ -51,7 +54,7 @@ class WorkerSet:
         self._tmp = tempfile.TemporaryDirectory(prefix="kvgate-owner-")
         self._runner: web.AppRunner | None = None
         self._ipc: asyncio.AbstractServer | None = None
-        self._reserved: socket.socket | None = None
+        self._reserved: socket.socket | None = reserved
         gateway = app[GATEWAY]
         self.owner = DecisionOwner(gateway)
         unexpected = app.get(UNEXPECTED_ERRORS)
@@ -69,7 +72,8 @@ class WorkerSet:
         await self._runner.setup()
         await web.UnixSite(self._runner, http_path).start()
         self._ipc = await self.owner.serve(ipc_path)
-        self._reserved = reuseport_socket(self.host, self.port)  # bound, never listening
+        if self._reserved is None:
+            self._reserved = reuseport_socket(self.host, self.port)  # bound, never listening
         port = int(self._reserved.getsockname()[1])
         data = {**self.config_data, "server": {**(self.config_data.get("server") or {})}}
         data["server"].update({"host": self.host, "port": port})

@@ -8,11 +8,13 @@ present" true, which lets ``match`` binary-search the chain.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 
 _NEVER = float("-inf")
+_first = itemgetter(0)
 
 # Most blocks are held by one node: they are stored as a (node_id, last_seen) tuple
 # (≈ 130 B less than a one-key dict); a block seen on several nodes becomes a dict.
@@ -65,8 +67,41 @@ class PrefixIndex:
 
     def record(self, node_id: str, block_hashes: Sequence[int], now: float) -> None:
         blocks = self._blocks
+        order = block_hashes[::-1]  # touched deepest-first
+        held = (node_id, now)
+        # A prompt's own deepest blocks are often new (a shared head + a new question).
+        k, n = 0, len(order)
+        while k < n and order[k] not in blocks:
+            blocks[order[k]] = held
+            k += 1
+        added = k
+        rest = order[k:] if k else order
+        # The usual remainder (a hit, or the completion of a dispatch recorded moments
+        # ago): every block held by this node alone. Same result as the general loop,
+        # with the per-block work done by C-level maps.
+        try:
+            mine = set(map(_first, map(blocks.__getitem__, rest))) == {node_id}
+        except (KeyError, TypeError):  # a block not held yet, or a shared (dict) holder
+            mine = False
+        if mine:
+            deque(map(blocks.move_to_end, rest), maxlen=0)
+            for h in rest:
+                blocks[h] = held
+        else:
+            added += self._touch(node_id, rest, now)
+        self._entries += added
+        self.expire(now)
+        while self._entries > self.max_entries:
+            _, holders = blocks.popitem(last=False)
+            count = _count(holders)
+            self._entries -= count
+            self.evictions += count
+
+    def _touch(self, node_id: str, order: Sequence[int], now: float) -> int:
+        """The general case, block by block in ``order``; returns entries added."""
+        blocks = self._blocks
         added = 0
-        for h in reversed(block_hashes):
+        for h in order:
             holders = blocks.get(h)
             if holders is None:
                 blocks[h] = (node_id, now)
@@ -83,13 +118,7 @@ class PrefixIndex:
                     added += 1
                 holders[node_id] = now  # type: ignore[index]
             blocks.move_to_end(h)
-        self._entries += added
-        self.expire(now)
-        while self._entries > self.max_entries:
-            _, holders = blocks.popitem(last=False)
-            n = _count(holders)
-            self._entries -= n
-            self.evictions += n
+        return added
 
     def expire(self, now: float) -> int:
         """Drop blocks nobody touched within the TTL; returns entries removed."""

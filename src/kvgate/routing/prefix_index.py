@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
+V = TypeVar("V")
 _NEVER = float("-inf")
 
 # Most blocks are held by one node: they are stored as a (node_id, last_seen) tuple
@@ -199,20 +201,20 @@ class PrefixIndex:
         return len(held)
 
 
-class RouteKeyCache:
-    """Small LRU of route key → value (the ring walk order of a route key)."""
+class RouteKeyCache(Generic[V]):
+    """Small LRU of route key → value (the ring walk of a route key)."""
 
     def __init__(self, max_size: int = 4096) -> None:
         self.max_size = max_size
-        self._items: OrderedDict[str, tuple[str, ...]] = OrderedDict()
+        self._items: OrderedDict[str, V] = OrderedDict()
 
-    def get(self, key: str) -> tuple[str, ...] | None:
+    def get(self, key: str) -> V | None:
         value = self._items.get(key)
         if value is not None:
             self._items.move_to_end(key)
         return value
 
-    def put(self, key: str, value: tuple[str, ...]) -> None:
+    def put(self, key: str, value: V) -> None:
         self._items[key] = value
         self._items.move_to_end(key)
         while len(self._items) > self.max_size:

@@ -254,16 +254,24 @@ class NodeView:
             raise UnknownNode(node_id)
         return entry
 
+    def common_boost(self) -> float | None:
+        """The cold boost every node has now, or None when they differ."""
+        now = self.clock.now()
+        warmup = self.config.warmup_s
+        if now - self._newest_registration >= warmup:
+            return 0.0
+        if len(self._registrations) != 1:
+            return None
+        age = now - next(iter(self._registrations))
+        return 1.0 - max(0.0, age) / warmup if age < warmup else 0.0
+
     def boosts(self, entries: Iterable[NodeEntry]) -> dict[str, float]:
         """Cold boost of each entry (fast path for a routing decision)."""
         now = self.clock.now()
         warmup = self.config.warmup_s
-        if now - self._newest_registration >= warmup:
-            return dict.fromkeys(map(_node_id, entries), 0.0)  # nobody is warming up
-        if len(self._registrations) == 1:  # registered together (a cluster's start)
-            age = now - next(iter(self._registrations))
-            boost = 1.0 - max(0.0, age) / warmup if age < warmup else 0.0
-            return dict.fromkeys(map(_node_id, entries), boost)
+        common = self.common_boost()  # nobody warming up, or registered together
+        if common is not None:
+            return dict.fromkeys(map(_node_id, entries), common)
         out: dict[str, float] = {}
         for e in entries:
             age = now - e.registered_at

@@ -62,6 +62,11 @@ def queue_score(req: RouteRequest, ctx: RoutingContext) -> Scores:
 
 def cold_boost_score(req: RouteRequest, ctx: RoutingContext) -> Scores:
     full = ctx.prefill.prefill_s(req.prompt_tokens)
+    if not ctx.flags["cold_boost"]:
+        return Scores()
+    common = ctx.nodes.common_boost()
+    if common is not None:
+        return Scores(every=common * full)
     boosts = ctx.boosts()
     values = boosts.values()
     if values and min(values) == max(values):

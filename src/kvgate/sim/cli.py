@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kvgate.cli import add_slo_arguments
 from kvgate.engine.profiles import PROFILES
 from kvgate.flags import FLAG_NAMES
 from kvgate.routing.policies import policy_names
@@ -74,15 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="cluster quota in runtime tokens (default: the cluster's KV capacity)",
     )
-    parser.add_argument(
-        "--ttft-slo", type=float, default=2.0, help="seconds; goodput SLO of unnamed classes"
-    )
-    parser.add_argument(
-        "--class-slo",
-        action="append",
-        default=[],
-        help="CLASS=SECONDS TTFT SLO for goodput (default interactive=1,batch=30), repeatable",
-    )
+    add_slo_arguments(parser)
     parser.add_argument(
         "--event",
         action="append",

@@ -67,16 +67,20 @@ class PrefixIndex:
 
     def record(self, node_id: str, block_hashes: Sequence[int], now: float) -> None:
         blocks = self._blocks
+        get, to_end = blocks.get, blocks.move_to_end
+        # One (node, time) tuple for every block this call leaves held by the node alone:
+        # tuples are never mutated, and a chain's blocks then share one object in memory.
+        held = (node_id, now)
         added = 0
         for h in reversed(block_hashes):
-            holders = blocks.get(h)
+            holders = get(h)
             if holders is None:
-                blocks[h] = (node_id, now)
+                blocks[h] = held
                 added += 1
                 continue
             if type(holders) is tuple:
                 if holders[0] == node_id:
-                    blocks[h] = (node_id, now)
+                    blocks[h] = held
                 else:
                     blocks[h] = {holders[0]: holders[1], node_id: now}
                     added += 1
@@ -84,7 +88,7 @@ class PrefixIndex:
                 if node_id not in holders:
                     added += 1
                 holders[node_id] = now  # type: ignore[index]
-            blocks.move_to_end(h)
+            to_end(h)
         self._entries += added
         self.expire(now)
         while self._entries > self.max_entries:

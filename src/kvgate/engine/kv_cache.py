@@ -16,9 +16,8 @@ publishes them (engine-sim: vLLM's KV event wire format) or feeds them to an ind
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
-from itertools import repeat
+from collections import OrderedDict
+from collections.abc import Sequence
 from typing import NamedTuple
 
 
@@ -159,27 +158,7 @@ class BlockPool:
         block_hash = self.block_hash
         free_queue = self.free_queue
         spare = self._spare
-        rev = blocks[::-1]
-        refs = list(map(ref_cnt.__getitem__, rev))
-        n_last = refs.count(1)
-        if refs[:n_last].count(1) == n_last:
-            # The usual shape, done in C-level calls (this runs once per request over
-            # every block): the request's own blocks come first in ``rev`` (all released),
-            # then shared ones (refs > 1, only decremented).
-            released = rev[:n_last]
-            hashes = list(map(block_hash.__getitem__, released))
-            n_plain = hashes.count(None)
-            if hashes[:n_plain].count(None) == n_plain:
-                # Uncached blocks (tail) before cached ones (prompt head): each run keeps
-                # its order in its own queue, as the loop below would.
-                _consume(map(ref_cnt.__setitem__, released, repeat(0)))
-                spare.extend(released[:n_plain])
-                free_queue.update(dict.fromkeys(released[n_plain:]))
-                if n_last < len(rev):
-                    shared = rev[n_last:]
-                    _consume(map(ref_cnt.__setitem__, shared, map((-1).__add__, refs[n_last:])))
-                return
-        for b in rev:
+        for b in reversed(blocks):
             left = ref_cnt[b] - 1
             ref_cnt[b] = left
             if left == 0:
@@ -207,11 +186,6 @@ class BlockPool:
                 CacheEvent("cleared", None, []) if cleared else CacheEvent("removed", None, removed)
             )
         return dropped
-
-
-def _consume(it: Iterable[object]) -> None:
-    """Run an iterator for its side effects (a C-level loop)."""
-    deque(it, maxlen=0)
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -294,18 +268,6 @@ class KVCacheManager:
         if events is None:
             block_hash = pool.block_hash
             cached = pool.cached
-            blocks = table[start:n_full]
-            new_hashes = hashes[start:n_full]
-            if (
-                list(map(block_hash.__getitem__, blocks)).count(None) == len(blocks)
-                and cached.keys().isdisjoint(new_hashes)
-                and len(set(new_hashes)) == len(new_hashes)
-            ):
-                # The usual case (fresh blocks, content not cached elsewhere) in C-level
-                # calls: every block enters the cache map, as the loop below would do.
-                _consume(map(block_hash.__setitem__, blocks, new_hashes))
-                cached.update(zip(new_hashes, blocks, strict=True))
-                return max(start, n_full)
             for i in range(start, n_full):
                 b = table[i]
                 if block_hash[b] is None:

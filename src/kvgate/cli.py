@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -50,6 +51,35 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "calibrate": ("kvgate.calibrate.cli", "load-test one engine: latency knee → capacity profile"),
     "config": ("kvgate.configver.cli", "versioned config: show, diff, apply, rollback, baselines"),
 }
+
+
+def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--gateway URL`` and ``--admin-token``, for commands that call the admin API."""
+    parser.add_argument(
+        "--gateway",
+        default=os.environ.get("KVGATE_GATEWAY", "http://127.0.0.1:8000"),
+        metavar="URL",
+        help="gateway base URL (default $KVGATE_GATEWAY or http://127.0.0.1:8000)",
+    )
+    parser.add_argument(
+        "--admin-token",
+        default=os.environ.get("KVGATE_ADMIN_TOKEN"),
+        help="admin token (default $KVGATE_ADMIN_TOKEN)",
+    )
+
+
+def add_slo_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--ttft-slo`` and ``--class-slo``: the TTFT SLOs goodput counts against
+    (``kvgate.report.summary.parse_class_slos`` reads ``--class-slo``)."""
+    parser.add_argument(
+        "--ttft-slo", type=float, default=2.0, help="goodput TTFT SLO (s) of unnamed classes"
+    )
+    parser.add_argument(
+        "--class-slo",
+        action="append",
+        default=[],
+        help="CLASS=SECONDS TTFT SLO for goodput (default interactive=1,batch=30), repeatable",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -98,6 +98,22 @@ def render_chat(messages: Sequence[Mapping[str, Any]], tools: Any = None) -> str
     return "".join(out)
 
 
+def render_chat_parts(messages: Sequence[Mapping[str, Any]], tools: Any = None) -> tuple[str, str]:
+    """``(stable_prefix(messages, tools), rest)`` with ``render_chat(messages, tools)`` equal
+    to their concatenation: the stable part is rendered once, never copied inside a full
+    rendering (a simulator tokenizing long shared system prompts per request)."""
+    validate_messages(list(messages))
+    n_sys = _leading_system_count(messages)
+    stable = stable_prefix(messages, tools)
+    rest = [
+        f"<|{'system' if m.get('role') == 'developer' else m.get('role')}|>\n"
+        f"{message_text(m.get('content'))}\n"
+        for m in messages[n_sys:]
+    ]
+    rest.append("<|assistant|>\n")
+    return stable, "".join(rest)
+
+
 def stable_prefix(messages: Sequence[Mapping[str, Any]], tools: Any = None) -> str:
     """Leading system messages plus tool schemas: the part shared across users."""
     n_sys = _leading_system_count(messages)

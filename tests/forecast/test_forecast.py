@@ -143,3 +143,31 @@ def test_tokens_needed_scales_what_is_in_flight_by_the_forecast_growth() -> None
     feed(f, period * 3 + 3, lambda m: daily(m, period) / 10)
     value = needed(now + 120)
     assert value is not None and 1000.0 < value <= 2000.0  # a rise is coming
+
+
+def test_the_gateway_observes_arrivals_through_the_pipeline_once() -> None:
+    """One observer (on ``RequestPipeline.admit``) for both drivers: the gateway's admission
+    controller is not wrapped, and one admitted request is one arrival sample."""
+    import asyncio
+
+    from kvgate.clock import ManualClock
+    from kvgate.gateway.app import GATEWAY, create_app
+    from kvgate.gateway.config import GatewayConfig
+    from kvgate.routing import route_request_from_tokens
+    from kvgate.types import AdmissionRequest
+
+    clock = ManualClock(30.0)
+    gateway = create_app(GatewayConfig(), clock=clock)[GATEWAY]
+    assert gateway.forecast is not None
+    assert len(gateway.pipeline.arrival_observers) == 1
+    assert "admit" not in vars(gateway.admission)  # no second observer around admission
+    route = route_request_from_tokens(
+        request_id="r1", model="default", prompt_tokens=100, block_hashes=[], route_key="k"
+    )
+    flow = gateway.pipeline.start(route, AdmissionRequest("r1", "default", "interactive", 100, 20))
+    asyncio.run(gateway.pipeline.admit(flow))
+    samples: list[MinuteSample] = []
+    gateway.forecast.sink = samples.append
+    clock.advance(60.0)
+    gateway.forecast.update(clock.now())
+    assert [(s.arrivals, s.prompt_tokens, s.output_tokens) for s in samples] == [(1, 100, 20)]

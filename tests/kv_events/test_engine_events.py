@@ -10,22 +10,14 @@ from kvgate.engine.profiles import get_profile
 from kvgate.engine.request import EngineRequest
 from kvgate.kv_events.hashing import TokenBlockHasher, to_external
 from kvgate.kv_events.index import PreciseIndex
-from kvgate.kv_events.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from kvgate.sim.kv_event_feed import drain_batch
 from kvgate.tokens import block_hashes
 
 GEMMA = get_profile("gemma3-270m-cpu")
 
 
 def _replay(core: EngineCore, index: PreciseIndex, now: float) -> None:
-    events = []
-    for kind, parent, hashes, _tokens in core.scheduler.kv.pool.drain_events():
-        if kind == "stored":
-            events.append(BlockStored(hashes, parent))
-        elif kind == "removed":
-            events.append(BlockRemoved(hashes))
-        else:
-            events.append(AllBlocksCleared())
-    index.apply("n", KVEventBatch(now, events), now)
+    index.apply("n", drain_batch(core, now), now)
 
 
 def test_events_track_the_true_cache_through_eviction_and_reset() -> None:

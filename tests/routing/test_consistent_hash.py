@@ -69,3 +69,20 @@ def test_invalid_parameters() -> None:
         HashRing(load_factor=1.0)
     with pytest.raises(ValueError, match="virtual_nodes"):
         HashRing(virtual_nodes=0)
+
+
+def test_partial_walks_agree_with_the_whole_walk() -> None:
+    ring = HashRing([f"n{i}" for i in range(40)], virtual_nodes=20)
+    for i, key in enumerate(KEYS[:200]):
+        first = ring.home_set(key, 1 + i % 3)  # follows the walk only this far
+        walk = ring.walk(key)  # then completes it
+        assert first == list(walk[: 1 + i % 3])
+        assert sorted(walk) == sorted(ring.nodes)
+    loads = {n: float(i % 7) for i, n in enumerate(sorted(ring.nodes))}
+    fresh = HashRing([f"n{i}" for i in range(40)], virtual_nodes=20)
+    for key in KEYS[:200]:
+        walk = fresh.walk(key)
+        total = sum(loads[n] for n in walk)
+        bound = 1.25 * (total + 1.0) / len(walk)
+        expected = [n for n in walk if loads[n] + 1.0 <= -(-bound // 1)][:2]
+        assert ring.home_set(key, 2, loads, loads) == expected

@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import getpass
 import json
-import os
 import socket
 import sys
 import urllib.error
@@ -15,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from kvgate.cli import add_gateway_arguments
 
 DESCRIPTION = """\
 The effective config (routing, admission with tenants, flags, capacity profiles) is
@@ -41,17 +42,7 @@ to the store (etcd://… for a cluster).
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = DESCRIPTION
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument(
-        "--gateway",
-        default=os.environ.get("KVGATE_GATEWAY", "http://127.0.0.1:8000"),
-        metavar="URL",
-        help="gateway base URL (default $KVGATE_GATEWAY or http://127.0.0.1:8000)",
-    )
-    p.add_argument(
-        "--admin-token",
-        default=os.environ.get("KVGATE_ADMIN_TOKEN"),
-        help="admin token (default $KVGATE_ADMIN_TOKEN)",
-    )
+    add_gateway_arguments(p)
     p.add_argument("--store", default=None, help="use this store directly instead of a gateway")
     p.add_argument("--author", default=None, help="who makes the change (default user@host)")
     p.add_argument("--json", action="store_true", help="print JSON")

@@ -168,6 +168,22 @@ class EngineCore:
         lo, hi = 1, st.steps - 1  # first_end <= t < end
         lo_end = -1.0
         rt = self.profile.decode_run_time
+        # Narrow the search with a guess from the run's mean step time: the answer is the
+        # largest k with start + rt(k) <= t + eps (rt increases with k), so bracketing it
+        # by two evaluations around the guess gives the same k as the plain search.
+        guess = int((t - st.start) * st.steps / (st.end - st.start))
+        if lo < guess < hi:
+            g_end = st.start + rt(st.batch, st.kv0, guess)
+            if g_end <= t + _EPS:
+                lo, lo_end = guess, g_end
+                if st.start + rt(st.batch, st.kv0, guess + 1) > t + _EPS:
+                    hi = guess
+            else:
+                hi = guess - 1
+                if lo < hi:
+                    p_end = st.start + rt(st.batch, st.kv0, hi)
+                    if p_end <= t + _EPS:
+                        lo, lo_end = hi, p_end
         while lo < hi:
             mid = (lo + hi + 1) // 2
             mid_end = st.start + rt(st.batch, st.kv0, mid)

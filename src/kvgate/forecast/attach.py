@@ -1,9 +1,10 @@
 """Wiring the forecast into a running dynamic quota (simulator or gateway).
 
-``attach(dynamic_quota, flags, now, fallback, ...)`` creates the ``DemandForecast``,
-swaps the controller's capacity callable for ``forecast_capacity`` (which only changes
-anything while flag ``forecast`` is on) and returns the forecast so the caller feeds it
-arrivals (``observe_arrival``). Samples go to ``sink`` (e.g. the store).
+``attach(dynamic_quota, pipeline, flags, now, fallback, ...)`` creates the
+``DemandForecast``, swaps the controller's capacity callable for ``forecast_capacity``
+(which only changes anything while flag ``forecast`` is on) and observes arrivals where
+both drivers (gateway and simulator) ask admission: ``RequestPipeline.admit``. Samples
+go to ``sink`` (e.g. the store).
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from typing import Any
 from kvgate.flags import Flags
 from kvgate.forecast.provider import DemandForecast, forecast_capacity
 from kvgate.forecast.samples import MinuteSample
+from kvgate.types import AdmissionRequest, AdmissionResult
 
 
 def attach(
     dynamic_quota: Any,  # anything with a ``capacity`` callable attribute (DynamicQuota)
+    pipeline: Any,  # anything with ``arrival_observers`` (RequestPipeline)
     flags: Flags,
     now: Callable[[], float],
     fallback: Callable[[], int],
@@ -35,7 +38,21 @@ def attach(
     )
     measured = dynamic_quota.capacity or (lambda: None)
     dynamic_quota.capacity = forecast_capacity(measured, forecast, flags, now, fallback)
+    pipeline.arrival_observers.append(arrival_observer(forecast))
     return forecast
+
+
+def arrival_observer(
+    forecast: DemandForecast,
+) -> Callable[[float, AdmissionRequest, AdmissionResult], None]:
+    """Each admission answer → one arrival sample (admitted or not)."""
+
+    def observe(arrived: float, req: AdmissionRequest, result: AdmissionResult) -> None:
+        # the output bound the request holds: the client's max_tokens, else the model default
+        bound = req.max_tokens if req.max_tokens is not None else result.output_bound
+        forecast.observe_arrival(arrived, req.tenant, req.priority_class, req.prompt_tokens, bound)
+
+    return observe
 
 
 def summary(forecast: DemandForecast) -> dict[str, Any]:
@@ -70,6 +87,7 @@ def sim_forecast(sim: Any) -> DemandForecast | None:
 
     return attach(
         sim.dynamic_quota,
+        sim.pipeline,
         sim.flags,
         sim.clock.now,
         lambda: int(sim.admission.config.total_quota),

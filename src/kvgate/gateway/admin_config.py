@@ -95,8 +95,8 @@ def install(app: web.Application) -> None:
 def _attach_forecast(gateway: Any) -> None:
     """Per-minute samples of admitted-or-not arrivals → store; the dynamic quota's forecast.
 
-    Arrivals are observed where the admission controller is asked (its ``admit``), so the
-    request path itself is untouched; the forecast changes the quota only with flag
+    Arrivals are observed by the request pipeline (``RequestPipeline.admit``, the same
+    observer as the simulator's); the forecast changes the quota only with flag
     ``forecast`` on.
     """
     admission = gateway.admission
@@ -113,25 +113,14 @@ def _attach_forecast(gateway: Any) -> None:
         with contextlib.suppress(RuntimeError):  # no running loop (shutdown)
             asyncio.get_running_loop().create_task(write())
 
-    forecast = forecast_attach.attach(
+    gateway.forecast = forecast_attach.attach(
         dynamic,
+        gateway.pipeline,
         gateway.flags,
         gateway.clock.now,
         lambda: int(gateway.config.admission.total_quota),
         sink=sink,
     )
-    gateway.forecast = forecast
-    admit = admission.admit
-
-    async def observed_admit(req: Any) -> Any:
-        arrived = gateway.clock.now()
-        result = await admit(req)
-        # the output bound the request holds: the client's max_tokens, else the model default
-        bound = req.max_tokens if req.max_tokens is not None else result.output_bound
-        forecast.observe_arrival(arrived, req.tenant, req.priority_class, req.prompt_tokens, bound)
-        return result
-
-    admission.admit = observed_admit
 
 
 class _CapacitySync:

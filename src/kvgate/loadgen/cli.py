@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from kvgate.cli import add_slo_arguments
 from kvgate.loadgen.runner import BenchProgress, BenchResult, arrival_scale_for_rate, run_bench
 from kvgate.workloads import WORKLOAD_NAMES, Workload, generate_workload
 
@@ -57,15 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--timeout", type=float, default=120.0, help="per-request seconds")
     parser.add_argument("--drain", type=float, default=None, help="wait for in-flight (s)")
-    parser.add_argument(
-        "--ttft-slo", type=float, default=2.0, help="goodput TTFT SLO (s) of unnamed classes"
-    )
-    parser.add_argument(
-        "--class-slo",
-        action="append",
-        default=[],
-        help="CLASS=SECONDS TTFT SLO for goodput (default interactive=1,batch=30), repeatable",
-    )
+    add_slo_arguments(parser)
     parser.add_argument("--label", default="live", help="row name in the report")
     parser.add_argument("--out", type=Path, default=None, help="write the report here")
     parser.add_argument("--json", action="store_true", help="print the JSON summary")

@@ -18,6 +18,7 @@ later, e.g. a queued request) → per attempt ``next_attempt`` then ``attempt_fa
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -53,6 +54,11 @@ RETRYABLE_STATUSES = frozenset({502, 503, 504})
 # cluster is overloaded: retrying them elsewhere adds no load that the dead node would not
 # have taken, so the retry budget (a guard against retry storms) does not count them.
 NODE_GONE_FAILURES = frozenset({"connect", "disconnected", "node_removed"})
+
+
+# Called once per admission answer with the time the request arrived (before any queue
+# wait), the request and the answer (e.g. kvgate.forecast's arrival samples).
+ArrivalObserver = Callable[[float, AdmissionRequest, AdmissionResult], None]
 
 
 def retryable_status(status: int) -> bool:
@@ -143,6 +149,7 @@ class RequestPipeline:
             registry=registry,
         )
         self._pools: frozenset[str] | None = None  # node pools, re-read when nodes change
+        self.arrival_observers: list[ArrivalObserver] = []
         router.nodes.subscribe(
             on_add=self._nodes_changed,
             on_remove=self._nodes_changed,
@@ -167,11 +174,14 @@ class RequestPipeline:
     async def admit(self, flow: Flow) -> AdmissionResult:
         """Ask admission; a final answer is applied at once (a QUEUE one by ``accept`` later)."""
         assert self.admission is not None and flow.admission_request is not None
+        arrived = self.clock.now()
         try:
             result = await self.admission.admit(flow.admission_request)
         except asyncio.CancelledError:  # the client left while its request was queued
             self.metrics.cancellations.labels("queued").inc()
             raise
+        for observe in self.arrival_observers:
+            observe(arrived, flow.admission_request, result)
         if result.kind is AdmissionKind.QUEUE:
             flow.admission = result
         else:

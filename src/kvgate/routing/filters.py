@@ -71,6 +71,59 @@ FILTERS: dict[str, Filter] = {
 FILTER_NAMES = tuple(FILTERS)
 
 
+@dataclass(slots=True)
+class EligibleSet:
+    """The filters' verdict for one kind of request (pool, model, size), before exclusions.
+
+    Kept in ``NodeView.eligibility`` and reused until the node view changes what a
+    filter reads (it then clears them all), the configuration is swapped, the clock goes
+    back, or the oldest fresh report ages past ``freshness_s``; ``loads`` follows every
+    load change (``NodeView._recompute_load``). A decision so costs a copy, not a pass
+    over every node.
+    """
+
+    config: RoutingConfig
+    computed_at: float
+    oldest_fresh: float  # the oldest report time that passed the freshness test
+    entries: list[NodeEntry]
+    loads: dict[str, float]  # the entries' load scores, same order
+    dropped: dict[str, int]
+    dropped_by: dict[str, str]  # node id → the filter that removed it
+
+    def valid(self, config: RoutingConfig, now: float) -> bool:
+        return (
+            self.config is config
+            and now >= self.computed_at
+            and self.oldest_fresh >= now - config.freshness_s  # the state filter's own test
+        )
+
+
+_MAX_KINDS = 16  # distinct (pool, model, size) request kinds kept
+
+
+def _evaluate(nodes: NodeView, f: FilterInput, now: float) -> EligibleSet:
+    config = f.config
+    chain = [(name, FILTERS[name]) for name in config.filters]
+    dropped = dict.fromkeys(["excluded", *config.filters], 0)
+    dropped_by: dict[str, str] = {}
+    out: list[NodeEntry] = []
+    loads: dict[str, float] = {}
+    oldest_fresh = float("inf")
+    for entry in nodes.entries():
+        seen = entry.last_report_at if entry.last_report_at is not None else entry.added_at
+        if f.oldest_report <= seen < oldest_fresh:
+            oldest_fresh = seen
+        for name, keep in chain:
+            if not keep(entry, f):
+                dropped[name] += 1
+                dropped_by[entry.spec.node_id] = name
+                break
+        else:
+            out.append(entry)
+            loads[entry.spec.node_id] = entry.load
+    return EligibleSet(config, now, oldest_fresh, out, loads, dropped, dropped_by)
+
+
 def eligible_nodes(
     nodes: NodeView,
     req: RouteRequest,
@@ -80,29 +133,32 @@ def eligible_nodes(
 ) -> tuple[list[NodeEntry], dict[str, float], dict[str, int]]:
     """Nodes passing the exclusions and the configured filters.
 
-    Returns the entries, their load scores, and how many nodes each filter removed (for
-    the NoNodeAvailable message).
+    Returns the entries (in the node view's order), their load scores, and how many
+    nodes each filter removed (for the NoNodeAvailable message); an excluded node counts
+    under ``excluded`` whatever the filters say of it.
     """
-    f = FilterInput(
-        req,
-        config,
-        now - config.freshness_s,
-        req.total_tokens_estimate > config.backoff_token_threshold,
-    )
-    chain = [(name, FILTERS[name]) for name in config.filters]
-    dropped = dict.fromkeys(["excluded", *config.filters], 0)
-    out: list[NodeEntry] = []
-    loads: dict[str, float] = {}
-    for entry in nodes.entries():
-        node_id = entry.spec.node_id
-        if exclude and node_id in exclude:
+    big = req.total_tokens_estimate > config.backoff_token_threshold
+    kind = (req.pool, req.model, big)
+    memo = nodes.eligibility.get(kind)
+    if memo is None or not memo.valid(config, now):
+        memo = _evaluate(nodes, FilterInput(req, config, now - config.freshness_s, big), now)
+        if len(nodes.eligibility) >= _MAX_KINDS:
+            nodes.eligibility.clear()
+        nodes.eligibility[kind] = memo
+    entries, loads, dropped = memo.entries, dict(memo.loads), dict(memo.dropped)
+    if exclude:
+        excluded = exclude if isinstance(exclude, (set, frozenset)) else set(exclude)
+        removed = False
+        for node_id in excluded:
+            if node_id not in nodes:
+                continue
             dropped["excluded"] += 1
-            continue
-        for name, keep in chain:
-            if not keep(entry, f):
-                dropped[name] += 1
-                break
-        else:
-            out.append(entry)
-            loads[node_id] = entry.load
-    return out, loads, dropped
+            reason = memo.dropped_by.get(node_id)
+            if reason is not None:
+                dropped[reason] -= 1
+            else:
+                del loads[node_id]
+                removed = True
+        if removed:
+            return [e for e in entries if e.spec.node_id in loads], loads, dropped
+    return list(entries), loads, dropped

@@ -15,8 +15,11 @@ revert to healthy when the hint goes away) or automatic detection (restart, fres
 from __future__ import annotations
 
 import builtins
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from operator import attrgetter
+from typing import TYPE_CHECKING
 
 from kvgate.clock import Clock
 from kvgate.report_window import ReportWindow
@@ -25,6 +28,10 @@ from kvgate.routing.config import RoutingConfig
 from kvgate.routing.load_score import load_score
 from kvgate.types import NodeReport, NodeSpec, NodeState
 
+if TYPE_CHECKING:
+    from kvgate.routing.filters import EligibleSet
+
+_node_id = attrgetter("spec.node_id")
 _OVERLAID = frozenset({NodeState.HEALTHY, NodeState.REREGISTER})
 
 
@@ -85,9 +92,13 @@ class NodeView:
         # (node id, report, requests dispatched since the previous report)
         self._on_report: list[Callable[[str, NodeReport, int], None]] = []
         self._newest_registration = float("-inf")
+        self._registrations: Counter[float] = Counter()  # registered_at → nodes
         # a state reported by another mechanism over a routable node (the pipeline's
         # outlier detector: an ejected node reads as backoff); None: no overlay
         self.overlay: Callable[[str], NodeState | None] | None = None
+        # the filters' verdicts per request kind (routing/filters.py), cleared whenever
+        # something a filter reads changes; their load scores follow every load change
+        self.eligibility: dict[tuple[object, ...], EligibleSet] = {}
 
     # -- listeners ---------------------------------------------------------------------
     def subscribe(
@@ -109,6 +120,7 @@ class NodeView:
 
     # -- admin -------------------------------------------------------------------------
     def add_node(self, spec: NodeSpec) -> NodeEntry:
+        self.eligibility.clear()
         existing = self._nodes.get(spec.node_id)
         if existing is not None:
             existing.spec = spec
@@ -123,19 +135,24 @@ class NodeView:
         )
         self._nodes[spec.node_id] = entry
         self._newest_registration = now
+        self._registrations[now] += 1
         for cb in self._on_add:
             cb(spec.node_id)
         return entry
 
     def remove_node(self, node_id: str) -> None:
-        if self._nodes.pop(node_id, None) is None:
+        entry = self._nodes.pop(node_id, None)
+        if entry is None:
             return
+        self.eligibility.clear()
+        self._unregister(entry.registered_at)
         for cb in self._on_remove:
             cb(node_id)
 
     def set_state(self, node_id: str, state: NodeState | str, *, source: str = "admin") -> None:
         entry = self._require(node_id)
         state = NodeState(state)
+        self.eligibility.clear()
         if source == "admin" and entry.report is not None and entry.report.state_hint == state:
             source = "hint"  # the registry relaying a sidecar hint, not an operator decision
         if state == NodeState.REREGISTER:
@@ -177,6 +194,7 @@ class NodeView:
         entry = self._nodes.get(report.node_id)
         if entry is None:
             return None
+        self.eligibility.clear()
         now = self.clock.now()
         restarted = report.counters_reset or (
             entry.process_start_time is not None
@@ -212,12 +230,22 @@ class NodeView:
             entry.base_state, entry.state_source = NodeState.HEALTHY, "auto"
 
     def _reregister(self, entry: NodeEntry) -> None:
+        self.eligibility.clear()
         entry.base_state, entry.state_source = NodeState.REREGISTER, "auto"
+        self._unregister(entry.registered_at)
         entry.registered_at = self._newest_registration = self.clock.now()
+        self._registrations[entry.registered_at] += 1
         entry.unreachable_since = None
         entry.window.clear()
         for cb in self._on_reregister:
             cb(entry.spec.node_id)
+
+    def _unregister(self, registered_at: float) -> None:
+        left = self._registrations[registered_at] - 1
+        if left:
+            self._registrations[registered_at] = left
+        else:
+            del self._registrations[registered_at]
 
     # -- derived -----------------------------------------------------------------------
     def _require(self, node_id: str) -> NodeEntry:
@@ -226,12 +254,24 @@ class NodeView:
             raise UnknownNode(node_id)
         return entry
 
+    def common_boost(self) -> float | None:
+        """The cold boost every node has now, or None when they differ."""
+        now = self.clock.now()
+        warmup = self.config.warmup_s
+        if now - self._newest_registration >= warmup:
+            return 0.0
+        if len(self._registrations) != 1:
+            return None
+        age = now - next(iter(self._registrations))
+        return 1.0 - max(0.0, age) / warmup if age < warmup else 0.0
+
     def boosts(self, entries: Iterable[NodeEntry]) -> dict[str, float]:
         """Cold boost of each entry (fast path for a routing decision)."""
         now = self.clock.now()
         warmup = self.config.warmup_s
-        if now - self._newest_registration >= warmup:
-            return {e.spec.node_id: 0.0 for e in entries}  # steady state: nobody is warming up
+        common = self.common_boost()  # nobody warming up, or registered together
+        if common is not None:
+            return dict.fromkeys(map(_node_id, entries), common)
         out: dict[str, float] = {}
         for e in entries:
             age = now - e.registered_at
@@ -260,13 +300,17 @@ class NodeView:
         return cold_boost(self.clock.now() - entry.registered_at, self.config.warmup_s)
 
     def _recompute_load(self, entry: NodeEntry) -> None:
-        entry.load = load_score(
+        load = entry.load = load_score(
             entry.report,
             unreported=len(entry.unreported),
-            inflight_requests=entry.inflight_requests,
+            inflight_requests=len(entry.inflight),
             inflight_tokens=entry.inflight_tokens,
             config=self.config,
         )
+        node_id = entry.spec.node_id
+        for verdict in self.eligibility.values():
+            if node_id in verdict.loads:
+                verdict.loads[node_id] = load
 
     # -- in-flight ledger ----------------------------------------------------------------
     def on_dispatch(self, node_id: str, request_id: str, prompt_tokens: int) -> None:

@@ -59,6 +59,10 @@ class PrefillQueue:
         busy = self._busy_until
         return {n: max(0.0, busy.get(n, now) - now) for n in node_ids}
 
+    def backlogged(self, now: float) -> dict[str, float]:
+        """The nodes whose delay is above 0, with it (every other node's is 0)."""
+        return {n: until - now for n, until in self._busy_until.items() if until > now}
+
     def on_dispatch(self, node_id: str, request_id: str, uncached_tokens: int, now: float) -> None:
         start = max(self._busy_until.get(node_id, now), now)
         end = self._busy_until[node_id] = start + self.model.prefill_s(uncached_tokens)

@@ -12,7 +12,9 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
+from typing import Generic, TypeVar
 
+V = TypeVar("V")
 _NEVER = float("-inf")
 _first = itemgetter(0)
 
@@ -100,16 +102,17 @@ class PrefixIndex:
     def _touch(self, node_id: str, order: Sequence[int], now: float) -> int:
         """The general case, block by block in ``order``; returns entries added."""
         blocks = self._blocks
+        held = (node_id, now)  # one shared tuple: tuples are never mutated
         added = 0
         for h in order:
             holders = blocks.get(h)
             if holders is None:
-                blocks[h] = (node_id, now)
+                blocks[h] = held
                 added += 1
                 continue
             if type(holders) is tuple:
                 if holders[0] == node_id:
-                    blocks[h] = (node_id, now)
+                    blocks[h] = held
                 else:
                     blocks[h] = {holders[0]: holders[1], node_id: now}
                     added += 1
@@ -228,20 +231,20 @@ class PrefixIndex:
         return len(held)
 
 
-class RouteKeyCache:
-    """Small LRU of route key → value (the ring walk order of a route key)."""
+class RouteKeyCache(Generic[V]):
+    """Small LRU of route key → value (the ring walk of a route key)."""
 
     def __init__(self, max_size: int = 4096) -> None:
         self.max_size = max_size
-        self._items: OrderedDict[str, tuple[str, ...]] = OrderedDict()
+        self._items: OrderedDict[str, V] = OrderedDict()
 
-    def get(self, key: str) -> tuple[str, ...] | None:
+    def get(self, key: str) -> V | None:
         value = self._items.get(key)
         if value is not None:
             self._items.move_to_end(key)
         return value
 
-    def put(self, key: str, value: tuple[str, ...]) -> None:
+    def put(self, key: str, value: V) -> None:
         self._items[key] = value
         self._items.move_to_end(key)
         while len(self._items) > self.max_size:

@@ -20,34 +20,57 @@ Each scorer honours its flag: ``cache_affinity`` (cache), ``load_guard`` (queue,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from kvgate.routing.policies.base import RoutingContext
 from kvgate.types import RouteRequest
 
-Scorer = Callable[[RouteRequest, RoutingContext], dict[str, float]]
+
+@dataclass(slots=True)
+class Scores:
+    """One scorer's scores over the eligible nodes (``ctx.loads``, in that order).
+
+    Most signals are the same on most nodes (no cached prefix, an empty prefill queue, one
+    cold boost for a cluster started together), so a scorer says so instead of listing
+    every node: ``each`` (one score per node, in order) when the nodes differ, else
+    ``every`` for all nodes but those in ``some``.
+    """
+
+    each: list[float] | None = None
+    every: float = 0.0
+    some: dict[str, float] = field(default_factory=dict)
 
 
-def cache_score(req: RouteRequest, ctx: RoutingContext) -> dict[str, float]:
+Scorer = Callable[[RouteRequest, RoutingContext], Scores]
+
+
+def cache_score(req: RouteRequest, ctx: RoutingContext) -> Scores:
     rate = ctx.prefill.tokens_per_s
-    matches = ctx.prefix_matches(req)
-    return {n: matches.get(n, 0) / rate for n in ctx.loads}
+    loads = ctx.loads
+    return Scores(
+        every=0.0,
+        some={n: t / rate for n, t in ctx.prefix_matches(req).items() if n in loads},
+    )
 
 
-def queue_score(req: RouteRequest, ctx: RoutingContext) -> dict[str, float]:
+def queue_score(req: RouteRequest, ctx: RoutingContext) -> Scores:
     if not ctx.flags["load_guard"]:
-        return dict.fromkeys(ctx.loads, 0.0)
-    return {n: -d for n, d in ctx.queue_delays().items()}
+        return Scores()
+    loads = ctx.loads
+    backlog = ctx.queue.backlogged(ctx.now)
+    return Scores(every=-0.0, some={n: -d for n, d in backlog.items() if n in loads})
 
 
-def decode_score(req: RouteRequest, ctx: RoutingContext) -> dict[str, float]:
+def decode_score(req: RouteRequest, ctx: RoutingContext) -> Scores:
     """Minus the TTFT a node's running sequences add: their per-sequence cost on the
     step(s) that prefill this request, and, when every sequence slot is taken, the wait
     for enough of them to finish (each has about half of ``max_tokens`` left, and the
     slots free up ``max_running`` at a time)."""
     per_seq = ctx.config.decode_seq_s
     if per_seq <= 0.0 or not ctx.flags["load_guard"]:
-        return dict.fromkeys(ctx.loads, 0.0)
+        return Scores()
     slots = ctx.config.max_running
     step = ctx.prefill.step_s
     out: dict[str, float] = {}
@@ -60,17 +83,27 @@ def decode_score(req: RouteRequest, ctx: RoutingContext) -> dict[str, float]:
         if slots and seqs >= slots:
             cost += (seqs - slots + 1) * (req.max_tokens / 2) * (step + cost) / slots
         out[e.spec.node_id] = -cost
-    return out
+    loads = ctx.loads
+    return Scores(some={n: c for n, c in out.items() if n in loads})
 
 
-def cold_boost_score(req: RouteRequest, ctx: RoutingContext) -> dict[str, float]:
+def cold_boost_score(req: RouteRequest, ctx: RoutingContext) -> Scores:
     full = ctx.prefill.prefill_s(req.prompt_tokens)
-    return {n: b * full for n, b in ctx.boosts().items()}
+    if not ctx.flags["cold_boost"]:
+        return Scores()
+    common = ctx.nodes.common_boost()
+    if common is not None:
+        return Scores(every=common * full)
+    boosts = ctx.boosts()
+    values = boosts.values()
+    if values and min(values) == max(values):
+        return Scores(every=next(iter(values)) * full)
+    return Scores(each=[boosts[n] * full for n in ctx.loads])
 
 
-def load_score(req: RouteRequest, ctx: RoutingContext) -> dict[str, float]:
+def load_score(req: RouteRequest, ctx: RoutingContext) -> Scores:
     step = ctx.prefill.step_s
-    return {n: -step * load for n, load in ctx.loads.items()}
+    return Scores(each=[-step * load for load in ctx.loads.values()])
 
 
 SCORERS: dict[str, Scorer] = {
@@ -85,11 +118,31 @@ SCORERS: dict[str, Scorer] = {
 def weighted_scores(
     req: RouteRequest, ctx: RoutingContext, weights: Mapping[str, float]
 ) -> dict[str, float]:
-    """Σ weight × scorer over the named scorers (unknown names were rejected at load)."""
-    total = dict.fromkeys(ctx.loads, 0.0)
+    """Σ weight × scorer over the named scorers (unknown names were rejected at load).
+
+    Node by node the same additions in the same order as a plain loop, so the same
+    floats; adding a zero term is skipped (x + 0.0 is x: no sum here is ever -0.0).
+    """
+    nodes = list(ctx.loads)
+    sums = [0.0] * len(nodes)
+    where: dict[str, int] | None = None
     for name, weight in weights.items():
         if weight == 0.0:
             continue
-        for n, s in SCORERS[name](req, ctx).items():
-            total[n] += weight * s
-    return total
+        scores = SCORERS[name](req, ctx)
+        if scores.each is not None:
+            sums = [s + weight * x for s, x in zip(sums, scores.each, strict=True)]
+            continue
+        fixed: dict[int, float] = {}
+        if scores.some:
+            if where is None:
+                where = dict(zip(nodes, range(len(nodes)), strict=True))
+            for n, x in scores.some.items():
+                i = where[n]
+                fixed[i] = sums[i] + weight * x
+        if scores.every != 0.0 or not math.isfinite(weight):
+            term = weight * scores.every
+            sums = [s + term for s in sums]
+        for i, total in fixed.items():
+            sums[i] = total
+    return dict(zip(nodes, sums, strict=True))

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kvgate.cli import add_slo_arguments
 from kvgate.engine.profiles import PROFILES
 from kvgate.flags import FLAG_NAMES
 from kvgate.routing.policies import policy_names
@@ -74,15 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="cluster quota in runtime tokens (default: the cluster's KV capacity)",
     )
-    parser.add_argument(
-        "--ttft-slo", type=float, default=2.0, help="seconds; goodput SLO of unnamed classes"
-    )
-    parser.add_argument(
-        "--class-slo",
-        action="append",
-        default=[],
-        help="CLASS=SECONDS TTFT SLO for goodput (default interactive=1,batch=30), repeatable",
-    )
+    add_slo_arguments(parser)
     parser.add_argument(
         "--event",
         action="append",
@@ -103,6 +96,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", type=Path, default=None, help="write JSON/CSV/MD/PNG here")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        help="print the results as one table with every column (wider than 80 columns)",
+    )
 
 
 def _flags(values: list[str]) -> dict[str, bool]:
@@ -144,6 +142,80 @@ def build(args: argparse.Namespace) -> tuple[Any, SimConfig, list[str]]:
     return workload, config, policies
 
 
+# The console tables at 80 columns: full column header → short header, per table.
+NARROW_TABLES: tuple[tuple[str, dict[str, str]], ...] = (
+    (
+        "latency (s; TPOT in ms; vs base: TTFT p50)",
+        {
+            "TTFT p50 (s)": "TTFT p50",
+            "TTFT p90 (s)": "p90",
+            "TTFT p99 (s)": "p99",
+            "TPOT p50 (ms)": "TPOT p50",
+            "E2E p50 (s)": "E2E p50",
+            "TTFT p50 vs base": "vs base",
+        },
+    ),
+    (
+        "throughput (tok/s: output tokens per second, also vs base)",
+        {
+            "req/s": "req/s",
+            "out tok/s": "tok/s",
+            "goodput tok/s": "goodput tok/s",
+            "goodput req/s": "goodput req/s",
+            "tok/s vs base": "vs base",
+        },
+    ),
+    (
+        "cache and balance",
+        {
+            "hit rate": "hit rate",
+            "predicted hit": "predicted",
+            "load CV": "load CV",
+            "Jain": "Jain",
+        },
+    ),
+    (
+        "admission",
+        {"queued": "queued", "rejected": "rejected", "degraded": "degraded", "lost": "lost"},
+    ),
+)
+
+
+def narrow_tables(rows: list[list[str]], width: int = 80) -> str:
+    """``table_rows`` output as a few aligned tables, each at most ``width`` columns wide
+    (a table that would be wider continues in another); columns no table names go last."""
+    head = rows[0]
+    named = {full for _, columns in NARROW_TABLES for full in columns}
+    tables = [(title, dict(columns)) for title, columns in NARROW_TABLES]
+    tables.append(("other", {h: h for h in head[1:] if h not in named}))
+    out: list[str] = []
+    for title, columns in tables:
+        picked = [(head.index(full), short) for full, short in columns.items() if full in head]
+        while picked:
+            n = len(picked)
+            while n > 1 and len(_aligned(rows, picked[:n])[0]) > width:
+                n -= 1
+            out += ["", title, *_aligned(rows, picked[:n])]
+            picked = picked[n:]
+    return "\n".join(out[1:])
+
+
+def _aligned(rows: list[list[str]], picked: list[tuple[int, str]]) -> list[str]:
+    table = [["policy", *(short for _, short in picked)]]
+    table += [[row[0], *(row[i] for i, _ in picked)] for row in rows[1:]]
+    widths = [max(len(r[c]) for r in table) for c in range(len(table[0]))]
+    lines = [
+        "| "
+        + " | ".join(
+            v.rjust(w) if c else v.ljust(w) for c, (v, w) in enumerate(zip(r, widths, strict=True))
+        )
+        + " |"
+        for r in table
+    ]
+    rule = "|" + "|".join("-" * (w + 1) + (":" if c else "-") for c, w in enumerate(widths)) + "|"
+    return [lines[0], rule, *lines[1:]]
+
+
 def results_json(results: dict[str, SimResult]) -> dict[str, dict[str, Any]]:
     return {name: r.summary for name, r in results.items()}
 
@@ -163,6 +235,7 @@ def run(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - started
     summaries = results_json(results)
     from kvgate.report import markdown_table, write_report
+    from kvgate.report.summary import table_rows
 
     meta = {
         "workload": args.workload,
@@ -194,7 +267,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"meta": meta, "results": summaries}, indent=2, sort_keys=True))
     else:
-        print(markdown_table(summaries, baseline=policies[0]))
+        if args.wide:
+            print(markdown_table(summaries, baseline=policies[0]))
+        else:
+            print(narrow_tables(table_rows(summaries, baseline=policies[0])))
         print(f"\n{len(policies)} policies x {len(workload.items)} requests in {wall:.1f} s wall")
         for name, summary in summaries.items():  # kvgate.forecast, with admission on
             if summary.get("forecast_mape_pct") is not None:

@@ -353,10 +353,6 @@ class ClusterSim:
             self.pipeline.accept(flow, None)
             self._dispatch(live, now)
             return
-        if self.forecast is not None:
-            self.forecast.observe_arrival(
-                now, item.tenant, item.priority_class, prompt.prompt_tokens, item.max_tokens
-            )
         result = run_now(self.pipeline.admit(flow))
         record.admission = admission_summary(result)
         if result.kind == AdmissionKind.ADMIT:

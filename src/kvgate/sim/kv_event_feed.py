@@ -19,6 +19,19 @@ from kvgate.kv_events.signal import PreciseSignal, bind_signal
 from kvgate.kv_events.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventBatch
 
 
+def drain_batch(engine: EngineCore, now: float) -> KVEventBatch:
+    """The engine's cache events since the last drain, as the wire's event batch."""
+    events: list[KVEvent] = []
+    for kind, parent, hashes, _tokens in engine.scheduler.kv.pool.drain_events():
+        if kind == "stored":
+            events.append(BlockStored(hashes, parent))
+        elif kind == "removed":
+            events.append(BlockRemoved(hashes))
+        else:
+            events.append(AllBlocksCleared())
+    return KVEventBatch(now, events)
+
+
 class KvEventFeed:
     def __init__(self, node_view: object, *, delay_s: float = 0.0, block_size: int = 16) -> None:
         if delay_s < 0:
@@ -43,17 +56,9 @@ class KvEventFeed:
 
     def collect(self, now: float) -> None:
         for node_id, engine in self._engines.items():
-            raw = engine.scheduler.kv.pool.drain_events()
-            if raw:
-                events: list[KVEvent] = []
-                for kind, parent, hashes, _tokens in raw:
-                    if kind == "stored":
-                        events.append(BlockStored(hashes, parent))
-                    elif kind == "removed":
-                        events.append(BlockRemoved(hashes))
-                    else:
-                        events.append(AllBlocksCleared())
-                self._queue.append((now, node_id, KVEventBatch(now, events)))
+            batch = drain_batch(engine, now)
+            if batch.events:
+                self._queue.append((now, node_id, batch))
 
     def deliver(self, now: float) -> None:
         """Collect new events and apply every batch at least ``delay_s`` old."""

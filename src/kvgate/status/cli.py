@@ -4,29 +4,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
 from rich.console import Console, RenderableType
 from rich.measure import Measurement
 
+from kvgate.cli import add_gateway_arguments
 from kvgate.status.client import SummaryError, fetch_summary
 from kvgate.status.view import nodes_table, summary_view
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--gateway",
-        default=os.environ.get("KVGATE_GATEWAY", "http://127.0.0.1:8000"),
-        metavar="URL",
-        help="gateway base URL (default $KVGATE_GATEWAY or http://127.0.0.1:8000)",
-    )
-    parser.add_argument(
-        "--admin-token",
-        default=os.environ.get("KVGATE_ADMIN_TOKEN"),
-        help="admin token (default $KVGATE_ADMIN_TOKEN)",
-    )
+    add_gateway_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the raw summary JSON")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait (default 5)")
 

@@ -6,7 +6,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvgate.prompts import render_chat, stable_prefix
+from kvgate.prompts import render_chat_parts
 from kvgate.routing.config import RouteKeyConfig
 from kvgate.routing.route_key import route_key_for
 from kvgate.tokens import BLOCK_SIZE, ROOT_HASH, block_hashes, tokenize
@@ -83,13 +83,12 @@ class PromptCache:
         return entry
 
     def prompt(self, item: WorkItem) -> TokenizedPrompt:
-        full = render_chat(item.messages)
-        stable = stable_prefix(item.messages)
-        if not stable or not full.startswith(stable):
-            pieces = tokenize(full)
+        stable, rest_text = render_chat_parts(item.messages)
+        if not stable:
+            pieces = tokenize(rest_text)
             return TokenizedPrompt(len(pieces), block_hashes(pieces))
         p_pieces, p_hashes = self._prefix(stable)
-        rest = tokenize(full[len(stable) :])
+        rest = tokenize(rest_text)
         full_blocks = len(p_pieces) // BLOCK_SIZE
         tail = p_pieces[full_blocks * BLOCK_SIZE :] + rest
         parent = p_hashes[-1] if p_hashes else ROOT_HASH

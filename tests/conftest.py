@@ -3,8 +3,8 @@
 Under pytest-xdist (``scripts/test.sh`` runs ``-n 2 --dist loadgroup``) each test module
 goes to one worker as a whole, so module-scoped servers start once. The modules in
 ``HEAVY_MODULES`` each keep a core busy for tens of seconds (real llama.cpp servers,
-calibration sweeps, the demo, Chromium) or measure latency under load; they share one
-group, so they run one after another on one worker and never two at once.
+calibration sweeps, the demo, Chromium) and measure latency or throughput while they do;
+they share one group, so they run one after another on one worker, never two at once.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ HEAVY_MODULES = frozenset(
         "tests/calibrate/test_calibrate_sim.py",
         "tests/demo/test_demo_cli.py",
         "tests/dashboard/test_dashboard_browser.py",
-        "tests/admission/test_dynamic_quota.py",
     }
 )
 

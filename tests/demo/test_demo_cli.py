@@ -38,6 +38,12 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _sigint_default() -> None:
+    # A shell starts background jobs with SIGINT ignored, and children inherit that; the
+    # demo must see Ctrl-C as it would in a terminal even when pytest runs in background.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _demo(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "kvgate", "demo", *args],
@@ -45,6 +51,7 @@ def _demo(*args: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "COLUMNS": "80"},
+        preexec_fn=_sigint_default,
     )
 
 

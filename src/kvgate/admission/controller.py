@@ -34,6 +34,7 @@ log = logging.getLogger("kvgate.admission")
 
 QUEUE_POLL_S = 0.05  # how often a non-empty queue re-checks the shared store
 WATCH_RETRY_S = 1.0
+STOP_WAIT_S = 5.0  # the most stop() waits for its cancelled tasks
 
 
 def default_gateway_id() -> str:
@@ -108,9 +109,15 @@ class AdmissionController:
         self._tasks, self._pump_task, self._started = [], None, False
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if tasks:
+            # bounded: a store client call that swallows the cancellation (seen with the
+            # store's server already gone) must not hang the shutdown
+            stopped, stuck = await asyncio.wait(tasks, timeout=STOP_WAIT_S)
+            for task in stopped:
+                if not task.cancelled() and (error := task.exception()) is not None:
+                    log.debug("admission task %s ended with %r", task, error)
+            for task in stuck:
+                log.warning("admission task %s did not stop within %.0f s", task, STOP_WAIT_S)
         for item in self.core.expire(float("inf")):
             self._resolve(item)
 

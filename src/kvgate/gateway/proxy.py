@@ -27,7 +27,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -68,6 +68,10 @@ class Decisions(Protocol):
     ) -> None: ...
 
     async def progress(self, flow: Flow, generated_tokens: int) -> None: ...
+
+    def progress_nowait(
+        self, flow: Flow, generated_tokens: int
+    ) -> Coroutine[Any, Any, None] | None: ...
 
     def cancelled(self, stage: str) -> None: ...
 
@@ -530,9 +534,12 @@ class Proxy:
 class _ProgressReporter:
     """Generated-token progress from the byte path to the pipeline, batched.
 
-    The relay reports synchronously (inside ``data_received``); the pipeline's update is
-    a coroutine, so at most one runs at a time and it always sends the latest count.
-    ``flush`` waits for it, so nothing reaches admission after the request is released.
+    The relay reports synchronously (inside ``data_received``) and the pipeline's
+    bookkeeping is done there, without a task; only when admission must drain its queue
+    (the first token freed a prefill-gate place) does a task finish the update, and
+    reports arriving meanwhile wait for it and send the latest count. ``flush`` waits for
+    that task (and raises what the bookkeeping raised), so nothing reaches admission
+    after the request is released.
     """
 
     def __init__(self, pipeline: Decisions, flow: Flow) -> None:
@@ -541,13 +548,23 @@ class _ProgressReporter:
         self.latest = 0
         self.sent = 0
         self.task: asyncio.Task[None] | None = None
+        self.error: Exception | None = None
 
     def report(self, generated: int) -> None:
         self.latest = generated
-        if self.task is None or self.task.done():
-            self.task = asyncio.get_running_loop().create_task(self._send())
+        if self.error is not None or (self.task is not None and not self.task.done()):
+            return
+        self.sent = generated
+        try:
+            pending = self.pipeline.progress_nowait(self.flow, generated)
+        except Exception as exc:  # raised by flush, in the handler, as the task's would be
+            self.error = exc
+            return
+        if pending is not None:
+            self.task = asyncio.get_running_loop().create_task(self._finish(pending))
 
-    async def _send(self) -> None:
+    async def _finish(self, pending: Coroutine[Any, Any, None]) -> None:
+        await pending
         while self.sent < self.latest:
             self.sent = self.latest
             await self.pipeline.progress(self.flow, self.sent)
@@ -555,6 +572,8 @@ class _ProgressReporter:
     async def flush(self) -> None:
         if self.task is not None:
             await self.task
+        if self.error is not None:
+            raise self.error
 
 
 class _suppress_disconnect:

@@ -271,9 +271,13 @@ class Proxy:
         for fresh in (False, True):
             exchange: Exchange | None = None
             try:
-                async with asyncio.timeout_at(deadline):
-                    exchange = await self.pool.open(host, port, request, tls=tls)
-                    return exchange, await self._head(exchange, base)
+                # a pooled connection is sent on at once: the deadline's timer (a
+                # Timeout context per request) is for a new connection only
+                exchange = self.pool.reuse(host, port, request)
+                if exchange is None:
+                    async with asyncio.timeout_at(deadline):
+                        exchange = await self.pool.open(host, port, request, tls=tls)
+                return exchange, await self._head(exchange, base, deadline)
             except UpstreamError as exc:
                 if exchange is not None:
                     exchange.abort()
@@ -291,13 +295,21 @@ class Proxy:
                 raise
         raise AssertionError("unreachable")
 
-    async def _head(self, exchange: Exchange, base: str) -> Head:
+    async def _head(self, exchange: Exchange, base: str, deadline: float) -> Head:
+        """The answer's head; TimeoutError at ``deadline``."""
         waiter = exchange.head_future
+        loop = asyncio.get_running_loop()
         while True:
-            done, _ = await asyncio.wait({waiter}, timeout=self.first_byte_timeout_s)
-            if done:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise TimeoutError
+            if await _settled(waiter, min(self.first_byte_timeout_s, left)):
                 return waiter.result()
-            if not await self._alive(base):
+            if loop.time() >= deadline:
+                raise TimeoutError
+            async with asyncio.timeout_at(deadline):
+                alive = await self._alive(base)
+            if not alive:
                 raise UpstreamFailure(
                     "timeout",
                     f"no first byte within {self.first_byte_timeout_s:g}s and "
@@ -431,8 +443,7 @@ class Proxy:
             left = deadline - loop.time()
             if left <= 0:
                 raise TimeoutError
-            done, _ = await asyncio.wait({waiter}, timeout=min(self.idle_timeout_s, left))
-            if done:
+            if await _settled(waiter, min(self.idle_timeout_s, left)):
                 waiter.result()  # raises the exchange's failure, if any
                 return
             if relay.reads == seen:
@@ -574,6 +585,30 @@ class _ProgressReporter:
             await self.task
         if self.error is not None:
             raise self.error
+
+
+async def _settled(future: asyncio.Future[Any], timeout_s: float) -> bool:
+    """Whether ``future`` is done within ``timeout_s`` (it is left running either way).
+
+    ``asyncio.wait`` for one future, without its sets and per-call bookkeeping: one
+    wake-up future, one timer, one callback."""
+    if future.done():
+        return True
+    loop = asyncio.get_running_loop()
+    wake: asyncio.Future[None] = loop.create_future()
+
+    def settle(_: object = None) -> None:
+        if not wake.done():
+            wake.set_result(None)
+
+    timer = loop.call_later(timeout_s, settle)
+    future.add_done_callback(settle)
+    try:
+        await wake
+    finally:
+        timer.cancel()
+        future.remove_done_callback(settle)
+    return future.done()
 
 
 class _suppress_disconnect:

@@ -44,6 +44,22 @@ def test_pending_prefill_stays_under_the_limit_and_a_first_token_admits_the_queu
     assert core.metrics.prefill_held.labels("interactive")._value.get() == 2
 
 
+def test_progress_now_keeps_the_books_and_asks_for_a_drain_only_when_a_place_frees() -> None:
+    core, clock = gated_core()
+    results = [admit(core, clock, streamed()) for _ in range(3)]
+    clock.advance(0.2)
+    # the synchronous part of progress: the first token leaves the backlog at once...
+    assert core.progress_now(results[0], 1, clock.now()) is True
+    assert core.gate.pending_tokens == 400
+    assert len(core.queue) == 1  # ...and the queued request waits for the drain
+    assert core.progress_now(results[0], 5, clock.now()) is False  # only the first token
+    admitted = run_now(core.drain(clock.now()))
+    assert [i.request.request_id for i in admitted] == [results[2].ticket.request.request_id]
+    off, off_clock = gated_core({"prefill_gate": False})
+    first = admit(off, off_clock, streamed())
+    assert off.progress_now(first, 1, off_clock.now()) is False
+
+
 def test_one_request_always_passes_an_empty_gate() -> None:
     core, clock = gated_core()
     assert admit(core, clock, streamed(prompt=5000)).kind is AdmissionKind.ADMIT

@@ -13,7 +13,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -155,7 +155,22 @@ class AdmissionController:
             raise
 
     async def progress(self, result: AdmissionResult, generated_tokens: int) -> None:
-        for item in await self.core.progress(result, generated_tokens, self.clock.now()):
+        pending = self.progress_nowait(result, generated_tokens)
+        if pending is not None:
+            await pending
+
+    def progress_nowait(
+        self, result: AdmissionResult, generated_tokens: int
+    ) -> Coroutine[Any, Any, None] | None:
+        """``progress``'s bookkeeping, done now; the drain it calls for (the first token
+        freed a prefill-gate place), if any, is returned to be awaited."""
+        now = self.clock.now()
+        if self.core.progress_now(result, generated_tokens, now):
+            return self._drain(now)
+        return None
+
+    async def _drain(self, now: float) -> None:
+        for item in await self.core.drain(now):
             self._resolve(item)
 
     async def release(self, result: AdmissionResult) -> None:

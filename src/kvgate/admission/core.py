@@ -338,9 +338,19 @@ class AdmissionCore:
         and frees the request's place in the prefill gate: queued work it held back is
         admitted and returned (as ``release`` does).
         """
+        if self.progress_now(result, generated_tokens, now) and now is not None:
+            return await self.drain(now)
+        return []
+
+    def progress_now(
+        self, result: AdmissionResult, generated_tokens: int, now: float | None = None
+    ) -> bool:
+        """``progress`` without its drain: the bookkeeping, which needs no I/O. True when
+        the report freed a prefill-gate place, so queued work must be drained (with
+        ``now``) as ``progress`` does."""
         ticket = result.ticket
         if not isinstance(ticket, Ticket) or ticket.released:
-            return []
+            return False
         freed = False
         if now is not None and not ticket.first_token and generated_tokens > 0:
             ticket.first_token = True
@@ -349,9 +359,7 @@ class AdmissionCore:
         overrun = self.ledger.progress(ticket.request_id, generated_tokens)
         if overrun > 0:  # the engine ran past max_tokens: counted, never re-reserved
             self.metrics.bound_overrun.labels(ticket.tenant).inc(overrun)
-        if freed and now is not None and self.flags.enabled("prefill_gate"):
-            return await self.drain(now)
-        return []
+        return freed and now is not None and self.flags.enabled("prefill_gate")
 
     async def release(self, result: AdmissionResult, now: float) -> list[QueuedRequest]:
         """Return the reservation, then admit what now fits (DRR order)."""

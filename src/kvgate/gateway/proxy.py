@@ -27,7 +27,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -68,6 +68,10 @@ class Decisions(Protocol):
     ) -> None: ...
 
     async def progress(self, flow: Flow, generated_tokens: int) -> None: ...
+
+    def progress_nowait(
+        self, flow: Flow, generated_tokens: int
+    ) -> Coroutine[Any, Any, None] | None: ...
 
     def cancelled(self, stage: str) -> None: ...
 
@@ -267,9 +271,13 @@ class Proxy:
         for fresh in (False, True):
             exchange: Exchange | None = None
             try:
-                async with asyncio.timeout_at(deadline):
-                    exchange = await self.pool.open(host, port, request, tls=tls)
-                    return exchange, await self._head(exchange, base)
+                # a pooled connection is sent on at once: the deadline's timer (a
+                # Timeout context per request) is for a new connection only
+                exchange = self.pool.reuse(host, port, request)
+                if exchange is None:
+                    async with asyncio.timeout_at(deadline):
+                        exchange = await self.pool.open(host, port, request, tls=tls)
+                return exchange, await self._head(exchange, base, deadline)
             except UpstreamError as exc:
                 if exchange is not None:
                     exchange.abort()
@@ -287,13 +295,21 @@ class Proxy:
                 raise
         raise AssertionError("unreachable")
 
-    async def _head(self, exchange: Exchange, base: str) -> Head:
+    async def _head(self, exchange: Exchange, base: str, deadline: float) -> Head:
+        """The answer's head; TimeoutError at ``deadline``."""
         waiter = exchange.head_future
+        loop = asyncio.get_running_loop()
         while True:
-            done, _ = await asyncio.wait({waiter}, timeout=self.first_byte_timeout_s)
-            if done:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise TimeoutError
+            if await _settled(waiter, min(self.first_byte_timeout_s, left)):
                 return waiter.result()
-            if not await self._alive(base):
+            if loop.time() >= deadline:
+                raise TimeoutError
+            async with asyncio.timeout_at(deadline):
+                alive = await self._alive(base)
+            if not alive:
                 raise UpstreamFailure(
                     "timeout",
                     f"no first byte within {self.first_byte_timeout_s:g}s and "
@@ -427,8 +443,7 @@ class Proxy:
             left = deadline - loop.time()
             if left <= 0:
                 raise TimeoutError
-            done, _ = await asyncio.wait({waiter}, timeout=min(self.idle_timeout_s, left))
-            if done:
+            if await _settled(waiter, min(self.idle_timeout_s, left)):
                 waiter.result()  # raises the exchange's failure, if any
                 return
             if relay.reads == seen:
@@ -530,9 +545,12 @@ class Proxy:
 class _ProgressReporter:
     """Generated-token progress from the byte path to the pipeline, batched.
 
-    The relay reports synchronously (inside ``data_received``); the pipeline's update is
-    a coroutine, so at most one runs at a time and it always sends the latest count.
-    ``flush`` waits for it, so nothing reaches admission after the request is released.
+    The relay reports synchronously (inside ``data_received``) and the pipeline's
+    bookkeeping is done there, without a task; only when admission must drain its queue
+    (the first token freed a prefill-gate place) does a task finish the update, and
+    reports arriving meanwhile wait for it and send the latest count. ``flush`` waits for
+    that task (and raises what the bookkeeping raised), so nothing reaches admission
+    after the request is released.
     """
 
     def __init__(self, pipeline: Decisions, flow: Flow) -> None:
@@ -541,13 +559,23 @@ class _ProgressReporter:
         self.latest = 0
         self.sent = 0
         self.task: asyncio.Task[None] | None = None
+        self.error: Exception | None = None
 
     def report(self, generated: int) -> None:
         self.latest = generated
-        if self.task is None or self.task.done():
-            self.task = asyncio.get_running_loop().create_task(self._send())
+        if self.error is not None or (self.task is not None and not self.task.done()):
+            return
+        self.sent = generated
+        try:
+            pending = self.pipeline.progress_nowait(self.flow, generated)
+        except Exception as exc:  # raised by flush, in the handler, as the task's would be
+            self.error = exc
+            return
+        if pending is not None:
+            self.task = asyncio.get_running_loop().create_task(self._finish(pending))
 
-    async def _send(self) -> None:
+    async def _finish(self, pending: Coroutine[Any, Any, None]) -> None:
+        await pending
         while self.sent < self.latest:
             self.sent = self.latest
             await self.pipeline.progress(self.flow, self.sent)
@@ -555,6 +583,32 @@ class _ProgressReporter:
     async def flush(self) -> None:
         if self.task is not None:
             await self.task
+        if self.error is not None:
+            raise self.error
+
+
+async def _settled(future: asyncio.Future[Any], timeout_s: float) -> bool:
+    """Whether ``future`` is done within ``timeout_s`` (it is left running either way).
+
+    ``asyncio.wait`` for one future, without its sets and per-call bookkeeping: one
+    wake-up future, one timer, one callback."""
+    if future.done():
+        return True
+    loop = asyncio.get_running_loop()
+    wake: asyncio.Future[None] = loop.create_future()
+
+    def settle(_: object = None) -> None:
+        if not wake.done():
+            wake.set_result(None)
+
+    timer = loop.call_later(timeout_s, settle)
+    future.add_done_callback(settle)
+    try:
+        await wake
+    finally:
+        timer.cancel()
+        future.remove_done_callback(settle)
+    return future.done()
 
 
 class _suppress_disconnect:

@@ -122,6 +122,10 @@ class RemotePipeline:
         assert isinstance(flow, RemoteFlow)
         self.client.tell("progress", flow.key, generated_tokens)
 
+    def progress_nowait(self, flow: Flow, generated_tokens: int) -> None:
+        assert isinstance(flow, RemoteFlow)
+        self.client.tell("progress", flow.key, generated_tokens)
+
     async def release(self, flow: Flow) -> None:
         assert isinstance(flow, RemoteFlow)
         flow.holds_reservation = False

@@ -326,13 +326,10 @@ class UpstreamPool:
 
     async def open(self, host: str, port: int, request: bytes, *, tls: bool = False) -> Exchange:
         """An exchange with ``request`` sent: a pooled connection, else a new one."""
+        conn = self.reuse(host, port, request)
+        if conn is not None:
+            return conn
         key = (host, port)
-        idle = self._idle.get(key)
-        while idle:
-            conn = idle.pop()
-            if conn.transport is not None and not conn.transport.is_closing():
-                conn.send(request)
-                return conn
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout_s):
@@ -345,6 +342,16 @@ class UpstreamPool:
             raise UpstreamError("connect", f"{type(exc).__name__}: {exc}") from None
         conn.send(request)
         return conn
+
+    def reuse(self, host: str, port: int, request: bytes) -> Exchange | None:
+        """A pooled connection with ``request`` sent, or None when none is idle."""
+        idle = self._idle.get((host, port))
+        while idle:
+            conn = idle.pop()
+            if conn.transport is not None and not conn.transport.is_closing():
+                conn.send(request)
+                return conn
+        return None
 
     def put(self, conn: Exchange) -> None:
         idle = self._idle.setdefault(conn.key, [])

@@ -18,9 +18,9 @@ later, e.g. a queued request) → per attempt ``next_attempt`` then ``attempt_fa
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvgate.admission.queue import QueuedRequest
 from kvgate.clock import Clock
@@ -71,6 +71,10 @@ class Admission(Protocol):
     async def admit(self, req: AdmissionRequest) -> AdmissionResult: ...
 
     async def progress(self, result: AdmissionResult, generated_tokens: int) -> None: ...
+
+    def progress_nowait(
+        self, result: AdmissionResult, generated_tokens: int
+    ) -> Coroutine[Any, Any, None] | None: ...
 
     async def release(self, result: AdmissionResult) -> None: ...
 
@@ -325,6 +329,18 @@ class RequestPipeline:
         if flow.holds_reservation and self.admission is not None:
             assert flow.admission is not None
             await self.admission.progress(flow.admission, generated_tokens)
+
+    def progress_nowait(
+        self, flow: Flow, generated_tokens: int
+    ) -> Coroutine[Any, Any, None] | None:
+        """``progress`` without a task: the bookkeeping now; a coroutine to await only
+        when admission must drain its queue (the first token freed a gate place)."""
+        if flow.decision is not None:
+            self.router.on_progress(flow.route, flow.decision, generated_tokens)
+        if flow.holds_reservation and self.admission is not None:
+            assert flow.admission is not None
+            return self.admission.progress_nowait(flow.admission, generated_tokens)
+        return None
 
     async def release(self, flow: Flow) -> None:
         """Return the flow's reservation (once, whatever happened)."""

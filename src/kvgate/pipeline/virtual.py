@@ -8,7 +8,8 @@ over the in-memory store, so ``kvgate.clock.run_now`` drives them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from kvgate.admission.core import AdmissionCore
 from kvgate.admission.queue import QueuedRequest
@@ -32,6 +33,18 @@ class VirtualAdmission:
 
     async def progress(self, result: AdmissionResult, generated_tokens: int) -> None:
         for item in await self.core.progress(result, generated_tokens, self.clock.now()):
+            self.on_admitted(item)
+
+    def progress_nowait(
+        self, result: AdmissionResult, generated_tokens: int
+    ) -> Coroutine[Any, Any, None] | None:
+        now = self.clock.now()
+        if self.core.progress_now(result, generated_tokens, now):
+            return self._drain(now)
+        return None
+
+    async def _drain(self, now: float) -> None:
+        for item in await self.core.drain(now):
             self.on_admitted(item)
 
     async def release(self, result: AdmissionResult) -> None:

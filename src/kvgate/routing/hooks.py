@@ -67,10 +67,11 @@ class ResponseHooks:
             return
         metrics = self.metrics
         if actual_cached_tokens is not None:
-            metrics.expected_cached.labels(node_id).inc(decision.expected_cached_tokens)
-            metrics.actual_cached.labels(node_id).inc(actual_cached_tokens)
+            child = metrics.child
+            child(metrics.expected_cached, node_id).inc(decision.expected_cached_tokens)
+            child(metrics.actual_cached, node_id).inc(actual_cached_tokens)
             if decision.expected_cached_tokens > 0:
-                metrics.hit_ratio.labels(node_id).observe(
+                child(metrics.hit_ratio, node_id).observe(
                     actual_cached_tokens / decision.expected_cached_tokens
                 )
         change = self.feedback.record(
@@ -82,12 +83,12 @@ class ResponseHooks:
             demotion_enabled=self.flags["hit_feedback"],
         )
         if change == "demoted":
-            metrics.demotions.labels(node_id).inc()
+            metrics.child(metrics.demotions, node_id).inc()
             # The node keeps losing what the index says it holds: forget it there.
             self.index.drop(node_id, req.block_hashes)
         else:
             if change == "restored":
-                metrics.restorations.labels(node_id).inc()
+                metrics.child(metrics.restorations, node_id).inc()
             self.index.record(node_id, req.block_hashes, now)
         self._count_evictions()
 

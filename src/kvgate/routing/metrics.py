@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -14,6 +15,7 @@ from kvgate.types import NodeState
 class RoutingMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self.registry
         self.decisions = Counter(
             "kvgate_route_decisions_total",
@@ -66,6 +68,15 @@ class RoutingMetrics:
             ["node"],
             registry=r,
         )
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, bound once: the per-request path skips the lookup
+        (no routing metric ever removes a label set, so a bound child stays current)."""
+        key = (id(metric), labels)
+        bound = self._children.get(key)
+        if bound is None:
+            bound = self._children[key] = metric.labels(*labels)
+        return bound
 
     def add_live_collector(self, collect: Callable[[], Iterator[GaugeMetricFamily]]) -> None:
         self.registry.register(_Live(collect))

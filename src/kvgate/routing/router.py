@@ -113,7 +113,7 @@ class Router:
         )
         decision = self.policy.choose(req, ctx)
         self.decision_counts[(decision.policy, decision.reason)] += 1
-        self.metrics.decisions.labels(decision.policy, decision.reason).inc()
+        self.metrics.child(self.metrics.decisions, decision.policy, decision.reason).inc()
         return decision
 
     def on_dispatch(self, req: RouteRequest, decision: RouteDecision) -> None:

@@ -141,3 +141,26 @@ def test_record_matches_plain_model_in_holders_and_lru_order() -> None:
             got = {holders[0]: holders[1]} if isinstance(holders, tuple) else dict(holders)
             assert got == blocks[h]
         assert len(index) == sum(len(v) for v in blocks.values())
+
+
+def test_record_on_shared_blocks_matches_plain_model() -> None:
+    # a prefix spread over several nodes (every block a shared holder: the C-level map
+    # path), mixed with single holders, new blocks and a prompt repeating a hash
+    import random
+
+    rng = random.Random(5)
+    index = PrefixIndex(ttl_s=1e9, max_entries=10**6)
+    blocks: dict[int, dict[str, float]] = {}
+    order: list[int] = []
+    prompts = [chain(f"s{i}-", 8) for i in range(3)] + [chain("s0-", 4)]
+    a, b = chain("d-", 2)
+    prompts.append([a, b, a, b])
+    for step in range(400):
+        node, hashes = f"n{rng.randrange(4)}", rng.choice(prompts)
+        index.record(node, hashes, now=float(step))
+        _reference_record(blocks, order, node, hashes, float(step))
+        assert list(index._blocks) == order
+        for h, holders in index._blocks.items():
+            got = {holders[0]: holders[1]} if isinstance(holders, tuple) else dict(holders)
+            assert got == blocks[h] and list(got) == list(blocks[h])  # holder order too
+        assert len(index) == sum(len(v) for v in blocks.values())

@@ -290,7 +290,9 @@ class ClusterSim:
             self._wake_at[node_id] = t
             self._push(t, _WAKE, node_id)
 
-    def _advance(self, node_id: str, now: float) -> None:
+    def _advance(self, node_id: str, now: float, wake: bool = True) -> None:
+        """Run the node's engine to ``now`` and deliver its events; ``wake=False`` leaves
+        scheduling its next wake to the caller (about to change the engine again)."""
         engine = self.engines[node_id]
         for ev in engine.advance_to(now):
             live = self._live.get(ev.request_id)
@@ -306,7 +308,8 @@ class ClusterSim:
                 self._finish(live, ev.time, ev.count)
             elif ev.kind == EventKind.FAILED:
                 self._fail(live, ev.time, 502, "engine_failed")
-        self._schedule_wake(node_id)
+        if wake:
+            self._schedule_wake(node_id)
 
     # -- request life ------------------------------------------------------------------
     def _arrive(self, item: WorkItem, now: float) -> None:
@@ -385,7 +388,9 @@ class ClusterSim:
         live.record.node = node
         live.record.route_reason = decision.reason
         live.record.expected_cached_tokens = decision.expected_cached_tokens
-        self._advance(node, now)
+        # The wake is scheduled once the request is in (adding it usually moves the
+        # engine's next event): the same heap order as scheduling it twice, one push less.
+        self._advance(node, now, wake=False)
         req = EngineRequest(
             live.item.request_id,
             live.prompt.prompt_tokens,
@@ -395,6 +400,7 @@ class ClusterSim:
         try:
             self.engines[node].add_request(req, now)
         except ValueError:  # the engine's answer about the request itself: not retried
+            self._schedule_wake(node)
             self.pipeline.attempt_done(flow, decision, ok=False)
             self._fail(live, now, 400, "too_long")
             return

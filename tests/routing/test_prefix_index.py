@@ -144,8 +144,8 @@ def test_record_matches_plain_model_in_holders_and_lru_order() -> None:
 
 
 def test_record_on_shared_blocks_matches_plain_model() -> None:
-    # a prefix spread over several nodes (every block a shared holder: the C-level map
-    # path), mixed with single holders, new blocks and a prompt repeating a hash
+    # a prefix spread over several nodes (every block a shared holder), mixed with
+    # single holders, new blocks and a prompt repeating a hash
     import random
 
     rng = random.Random(5)

@@ -324,11 +324,9 @@ class RequestPipeline:
 
     async def progress(self, flow: Flow, generated_tokens: int) -> None:
         """Tokens generated so far: the node's in-flight ledger and the reservation grow."""
-        if flow.decision is not None:
-            self.router.on_progress(flow.route, flow.decision, generated_tokens)
-        if flow.holds_reservation and self.admission is not None:
-            assert flow.admission is not None
-            await self.admission.progress(flow.admission, generated_tokens)
+        pending = self.progress_nowait(flow, generated_tokens)
+        if pending is not None:
+            await pending
 
     def progress_nowait(
         self, flow: Flow, generated_tokens: int

@@ -32,8 +32,9 @@ class VirtualAdmission:
         return await self.core.try_admit(req, self.clock.now())
 
     async def progress(self, result: AdmissionResult, generated_tokens: int) -> None:
-        for item in await self.core.progress(result, generated_tokens, self.clock.now()):
-            self.on_admitted(item)
+        pending = self.progress_nowait(result, generated_tokens)
+        if pending is not None:
+            await pending
 
     def progress_nowait(
         self, result: AdmissionResult, generated_tokens: int

@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from itertools import repeat
-from operator import contains, itemgetter, setitem
-from typing import Generic, TypeVar, cast
+from operator import itemgetter
+from typing import Generic, TypeVar
 
 V = TypeVar("V")
 _NEVER = float("-inf")
@@ -87,23 +86,19 @@ class PrefixIndex:
             k += 1
         added = k
         rest = order[k:] if k else order
-        # The usual remainders get the general loop's result with the per-block work done
-        # by C-level maps: every block held by this node alone (a hit, or the completion
-        # of a dispatch recorded moments ago), or a run of those (the request's own
-        # question) followed by blocks shared by several nodes (a prefix spread by a
-        # load-first policy). Values are set first and blocks moved after: each block
-        # ends at the back in ``rest`` order either way.
+        # The usual remainder (a hit, or the completion of a dispatch recorded moments
+        # ago): every block held by this node alone. Same result as the general loop,
+        # with the per-block work done by C-level maps.
         try:
             current = list(map(blocks.__getitem__, rest))
         except KeyError:  # a block not held yet
-            added += self._touch(node_id, rest, now)
+            current = None
+        if current is not None and _single_holder(current, node_id):
+            deque(map(blocks.move_to_end, rest), maxlen=0)
+            for h in rest:
+                blocks[h] = held
         else:
-            if _single_holder(current, node_id):
-                deque(map(blocks.move_to_end, rest), maxlen=0)
-                for h in rest:
-                    blocks[h] = held
-            else:
-                added += self._touch_shared(node_id, rest, current, now)
+            added += self._touch(node_id, rest, now)
         self._entries += added
         self.expire(now)
         while self._entries > self.max_entries:
@@ -111,32 +106,6 @@ class PrefixIndex:
             count = _count(holders)
             self._entries -= count
             self.evictions += count
-
-    def _touch_shared(
-        self, node_id: str, order: Sequence[int], current: list[Holders], now: float
-    ) -> int:
-        """``_touch`` where ``order``'s blocks (holders ``current``) are a run held by
-        this node alone, then a run of shared holders; the plain loop otherwise."""
-        types = list(map(type, current))
-        shared = types.count(dict)
-        lead = len(types) - shared
-        if (
-            not shared
-            or types.index(dict) != lead
-            or (lead and not _single_holder(current[:lead], node_id))
-            # a hash repeated within one prompt would be counted twice below
-            or len(set(order[lead:])) != shared
-        ):
-            return self._touch(node_id, order, now)
-        blocks = self._blocks
-        held = (node_id, now)
-        for h in order[:lead]:
-            blocks[h] = held
-        dicts = cast(list[dict[str, float]], current[lead:])
-        added = shared - sum(map(contains, dicts, repeat(node_id)))
-        deque(map(setitem, dicts, repeat(node_id), repeat(now)), maxlen=0)
-        deque(map(blocks.move_to_end, order), maxlen=0)
-        return added
 
     def _touch(self, node_id: str, order: Sequence[int], now: float) -> int:
         """The general case, block by block in ``order``; returns entries added."""

@@ -214,16 +214,22 @@ async def _serve(
 
     from aiohttp import web
 
+    from kvgate.gateway.app import GATEWAY
+    from kvgate.gateway.front import start_site
+
     # handler_cancellation: a client that leaves cancels its handler, so the upstream
     # request and any admission-queue entry go with it
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0, handler_cancellation=True)
     await runner.setup()
-    site: web.BaseSite
-    if sock is not None:
-        site = web.SockSite(runner, sock, backlog=1024)
-    else:
-        site = web.TCPSite(runner, host, port, backlog=1024)
-    await site.start()
+    server = app[GATEWAY].config.server
+    await start_site(
+        runner,
+        lean=server.lean_front,
+        max_body=server.max_body_bytes,
+        host=host,
+        port=port,
+        sock=sock,
+    )
     bound = runner.addresses[0][1] if runner.addresses else port
     logging.getLogger("kvgate.gateway").info("listening on http://%s:%s", host, bound)
     if port_file:

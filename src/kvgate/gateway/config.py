@@ -40,6 +40,9 @@ class ServerConfig(_Strict):
     upstream_pool_size: int = Field(default=512, gt=0)
     discover_timeout_s: float = Field(default=5.0, gt=0)  # how long to wait for /v1/models at start
     progress_batch_tokens: int = Field(default=16, gt=0)  # report generated tokens every N tokens
+    # the generate endpoints' plain requests are served by kvgate.gateway.front (an asyncio
+    # protocol) instead of aiohttp's server; false: aiohttp's server takes every request
+    lean_front: bool = True
 
 
 class NodeConfig(_Strict):

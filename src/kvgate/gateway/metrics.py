@@ -70,6 +70,16 @@ class GatewayMetrics:
             ["kind"],
             registry=registry,
         )
+        self.front_requests = Counter(
+            "kvgate_front_lean_requests",
+            "Generate requests the lean HTTP front answered itself (server.lean_front)",
+            registry=registry,
+        )
+        self.front_handovers = Counter(
+            "kvgate_front_handovers",
+            "Connections the lean front passed to aiohttp's server (a request it does not take)",
+            registry=registry,
+        )
         self.async_jobs = Counter(
             "kvgate_async_jobs",
             "Async jobs (Prefer: respond-async / degrade), by final status",

@@ -33,6 +33,7 @@ from kvgate.gateway import handlers
 from kvgate.gateway.appkey import GATEWAY
 from kvgate.gateway.config import GatewayConfig, parse_config
 from kvgate.gateway.errors import error_middleware, guard_edges
+from kvgate.gateway.front import start_site
 from kvgate.gateway.ipc import DecisionClient
 from kvgate.gateway.logs import access_middleware
 from kvgate.gateway.metrics import GatewayMetrics
@@ -265,8 +266,8 @@ async def _run(args: argparse.Namespace) -> None:
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0, handler_cancellation=True)
     await runner.setup()
     sock = reuseport_socket(config.server.host, args.port)
-    site = web.SockSite(runner, sock, backlog=1024)
-    await site.start()
+    server = config.server
+    await start_site(runner, lean=server.lean_front, max_body=server.max_body_bytes, sock=sock)
     with open(args.ready_file, "w") as f:
         f.write(str(os.getpid()))
     stop = asyncio.Event()

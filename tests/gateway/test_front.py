@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import re
 from typing import Any
 
 import pytest
@@ -206,3 +207,28 @@ async def test_client_that_leaves_cancels_its_request(engine_url: str) -> None:
             registry.get_sample_value("kvgate_requests_total", {"endpoint": CHAT, "status": "499"})
             == 1.0
         )
+
+
+async def raw_head_and_body(gw: Any, request_bytes: bytes) -> tuple[bytes, bytes]:
+    reader, writer = await connect(gw)
+    writer.write(request_bytes)
+    head = await reader.readuntil(b"\r\n\r\n")
+    body = await reader.readuntil(b"\r\n0\r\n\r\n")
+    writer.close()
+    return re.sub(rb"Date: [^\r]*", b"Date: -", head), body
+
+
+async def test_stream_bytes_are_aiohttps(engine_url: str) -> None:
+    """The head the front writes for a stream is byte for byte what aiohttp's server
+    writes (the Date aside); the events are framed alike."""
+    request_bytes = post(CHAT, chat(True, 3), extra="X-Request-Id: same-id\r\n")
+    answers = []
+    for lean in (True, False):
+        async with running_gateway(config(engine_url, lean_front=lean)) as gw:
+            answers.append(await raw_head_and_body(gw, request_bytes))
+            assert counts(gw)[0] == (1.0 if lean else 0.0)
+    (lean_head, lean_body), (aio_head, aio_body) = answers
+    assert lean_head == aio_head
+    assert b"Transfer-Encoding: chunked" in lean_head
+    strip = re.compile(rb'"(id|created)":[^,]*,')  # the engine's per-answer fields
+    assert strip.sub(b"", lean_body) == strip.sub(b"", aio_body)

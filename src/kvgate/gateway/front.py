@@ -27,8 +27,10 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
-from aiohttp import HttpVersion11, web
+from aiohttp import ClientConnectionResetError, HttpVersion11, web
 from aiohttp.base_protocol import BaseProtocol
+from aiohttp.helpers import rfc822_formatted_time
+from aiohttp.http import SERVER_SOFTWARE
 from aiohttp.http_writer import StreamWriter
 from aiohttp.tcp_helpers import tcp_nodelay
 from aiohttp.web_urldispatcher import UrlMappingMatchInfo
@@ -53,7 +55,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class _Route:
-    __slots__ = ("handler", "match_info", "path")
+    __slots__ = ("handler", "match_info", "path", "signals")
 
     def __init__(self, app: web.Application, path: str, route: web.AbstractRoute) -> None:
         self.path = path
@@ -61,6 +63,7 @@ class _Route:
         info.add_app(app)
         info.freeze()
         self.match_info = info
+        self.signals = any(app.on_response_prepare for app in info.apps)
         handler: Any = route.handler
         for middleware in reversed(app.middlewares):  # as aiohttp wraps them
             handler = functools.update_wrapper(
@@ -129,6 +132,7 @@ class FrontRequest:
         "headers",
         "match_info",
         "path",
+        "route",
         "transport",
     )
     method = "POST"
@@ -143,6 +147,7 @@ class FrontRequest:
         body: bytes,
     ) -> None:
         self.app = conn.front.app
+        self.route = route
         self.path = route.path
         self.match_info = route.match_info
         self.headers = headers
@@ -154,6 +159,27 @@ class FrontRequest:
 
     async def read(self) -> bytes:
         return self._body
+
+    def open_stream(self, headers: dict[str, str], first: bytes) -> FrontStream | None:
+        """A 200 event stream's head and first events in one write, as aiohttp's
+        ``StreamResponse`` would send them (None: let it; a response-prepare signal or a
+        header it would refuse)."""
+        transport = self.transport
+        if self.route.signals or transport is None or transport.is_closing():
+            return None
+        lines = [f"{name}: {value}" for name, value in headers.items()]
+        head = "\r\n".join(lines)
+        if "\r" in head or "\n" in head:
+            return None
+        data = (
+            f"HTTP/1.1 200 OK\r\n{head}\r\nContent-Type: text/event-stream\r\n"
+            f"Transfer-Encoding: chunked\r\nDate: {rfc822_formatted_time()}\r\n"
+            f"Server: {SERVER_SOFTWARE}\r\n\r\n"
+        ).encode()
+        if first:
+            data += b"%x\r\n%b\r\n" % (len(first), first)
+        transport.write(data)
+        return FrontStream(transport, headers)
 
     async def _prepare_hook(self, response: web.StreamResponse) -> None:
         for app in self.match_info.apps:
@@ -171,6 +197,43 @@ class FrontRequest:
 
     def __contains__(self, key: Any) -> bool:
         return key in self._state
+
+
+class FrontStream:
+    """A streamed answer whose head the front wrote: what the proxy, the middlewares and
+    the front use of aiohttp's ``StreamResponse`` (chunked writes, the end, status)."""
+
+    __slots__ = ("_eof", "_transport", "headers")
+    status = 200
+    keep_alive = True
+    prepared = True
+
+    def __init__(self, transport: asyncio.Transport, headers: dict[str, str]) -> None:
+        self._transport = transport
+        self._eof = False
+        self.headers = {**headers, "Content-Type": "text/event-stream"}
+        self.headers["Transfer-Encoding"] = "chunked"
+
+    async def prepare(self, request: Any) -> None:
+        return None
+
+    def _write(self, data: bytes) -> None:
+        if self._transport.is_closing():
+            raise ClientConnectionResetError("Cannot write to closing transport")
+        self._transport.write(data)
+
+    async def write(self, data: bytes) -> None:
+        if self._eof:
+            raise RuntimeError("Cannot call write() after write_eof()")
+        if data:
+            self._write(b"%x\r\n%b\r\n" % (len(data), data))
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        if self._eof:
+            return
+        self._eof = True
+        chunk = b"%x\r\n%b\r\n" % (len(data), data) if data else b""
+        self._write(chunk + b"0\r\n\r\n")
 
 
 def _plain(lines: bytes) -> tuple[CIMultiDictProxy[str], int] | None:
@@ -415,4 +478,4 @@ async def start_site(
     return site
 
 
-__all__ = ["Front", "FrontConnection", "FrontRequest", "FrontSite", "start_site"]
+__all__ = ["Front", "FrontConnection", "FrontRequest", "FrontSite", "FrontStream", "start_site"]

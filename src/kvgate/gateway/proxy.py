@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -423,6 +423,14 @@ class Proxy:
     ) -> web.StreamResponse:
         headers = self.response_headers(call, decision)
         headers["Cache-Control"] = "no-cache"
+        open_stream = getattr(request, "open_stream", None)  # the lean front's own head
+        if open_stream is not None:
+            sent = open_stream(headers, first)
+            if sent is not None:
+                self.metrics.child(self.metrics.ttft, call.endpoint).observe(
+                    time.perf_counter() - call.started
+                )
+                return cast(web.StreamResponse, sent)
         client = web.StreamResponse(status=200, headers=headers)
         client.content_type = "text/event-stream"
         await client.prepare(request)

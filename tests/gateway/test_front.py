@@ -220,7 +220,7 @@ async def raw_head_and_body(gw: Any, request_bytes: bytes) -> tuple[bytes, bytes
 
 async def test_stream_bytes_are_aiohttps(engine_url: str) -> None:
     """The head the front writes for a stream is byte for byte what aiohttp's server
-    writes (the Date aside); the events are framed alike."""
+    writes (the Date aside); the events are the same."""
     request_bytes = post(CHAT, chat(True, 3), extra="X-Request-Id: same-id\r\n")
     answers = []
     for lean in (True, False):
@@ -230,5 +230,17 @@ async def test_stream_bytes_are_aiohttps(engine_url: str) -> None:
     (lean_head, lean_body), (aio_head, aio_body) = answers
     assert lean_head == aio_head
     assert b"Transfer-Encoding: chunked" in lean_head
+    # the events alike (chunk sizes follow how the engine's writes were read: not compared)
     strip = re.compile(rb'"(id|created)":[^,]*,')  # the engine's per-answer fields
-    assert strip.sub(b"", lean_body) == strip.sub(b"", aio_body)
+    assert strip.sub(b"", dechunk(lean_body)) == strip.sub(b"", dechunk(aio_body))
+
+
+def dechunk(body: bytes) -> bytes:
+    out, pos = b"", 0
+    while True:
+        eol = body.index(b"\r\n", pos)
+        size = int(body[pos:eol], 16)
+        if size == 0:
+            return out
+        out += body[eol + 2 : eol + 2 + size]
+        pos = eol + 2 + size + 2

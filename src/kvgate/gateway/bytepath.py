@@ -93,7 +93,12 @@ class SseRelay:
             events = events.replace(b',"usage":null', b"")
         if b'"usage"' in events:
             events = self._usage(events)
-        self.generated += count_generated(events)
+        # count_generated, inline (once per upstream read)
+        n = events.count(b'"content":"')
+        if n:
+            self.generated += n - events.count(b'"content":""')
+        elif b'"text":"' in events:
+            self.generated += events.count(b'"text":"') - events.count(b'"text":""')
         if events:
             self._out(events)
         if self.on_progress is not None and self.generated - self.reported >= self.progress_batch:

@@ -254,7 +254,7 @@ async def _generate(
     )
     flows.append(flow)
     result = await gateway.pipeline.admit(flow)
-    entry.admission = admission_header(result)
+    entry.admission = admitted = admission_header(result)
     if result.kind is AdmissionKind.REJECT:
         raise rejection_error(result)
     raw_out = raw_body
@@ -269,7 +269,7 @@ async def _generate(
         body=body,
         flow=flow,
         started=started,
-        headers={"X-KVGate-Admission": admission_header(result)},
+        headers={"X-KVGate-Admission": admitted},
         raw_body=raw_out,
     )
     if flow.run_async:

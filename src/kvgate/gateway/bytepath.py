@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 from kvgate.gateway.sse import parse_event
 from kvgate.gateway.upstream import Exchange
@@ -23,6 +24,8 @@ _HIGH_WATER = 256 * 1024  # client write buffer above this: stop reading upstrea
 _LOW_WATER = 64 * 1024
 _RESUME_POLL_S = 0.005
 _USAGE_MARKS = (b'"usage":{', b'"usage": {')
+# first events → (the client's transport, its response) once written, or None (not opened)
+Opener = Callable[[bytes], "tuple[asyncio.Transport, Any] | None"]
 
 
 def strip_null_usage(raw: bytes) -> bytes:
@@ -46,6 +49,7 @@ class SseRelay:
         strip_usage: bool,
         on_progress: Callable[[int], None] | None,
         progress_batch: int,
+        opener: Opener | None = None,
     ) -> None:
         self.exchange = exchange
         self.strip_usage = strip_usage
@@ -63,6 +67,10 @@ class SseRelay:
         self._transport: asyncio.Transport | None = None
         self._chunked = True
         self._paused = False
+        # opens the client's response with the first events, inside data_received (the
+        # lean front writes its head synchronously): no wake-up of the proxy in between
+        self._opener = opener
+        self.opened: Any = None  # what the opener opened (the client's response)
 
     # -- called from data_received ------------------------------------------------------
     def feed(self, data: bytes) -> None:
@@ -125,6 +133,13 @@ class SseRelay:
 
     def _out(self, data: bytes) -> None:
         transport = self._transport
+        if transport is None and self._opener is not None:
+            opener, self._opener = self._opener, None
+            opened = opener(data)  # the head and these events, in one write
+            if opened is not None:
+                self._transport, self.opened = opened
+                self._chunked = True
+                return
         if transport is None:
             self._held.append(data)
             if not self.ready.done():

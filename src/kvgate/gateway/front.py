@@ -125,8 +125,9 @@ class FrontRequest:
 
     __slots__ = (
         "_body",
-        "_payload_writer",
+        "_conn",
         "_state",
+        "_writer",
         "app",
         "content_length",
         "headers",
@@ -155,7 +156,15 @@ class FrontRequest:
         self.transport = conn.transport
         self._body = body
         self._state: dict[Any, Any] = {}
-        self._payload_writer = StreamWriter(conn, conn._loop)
+        self._conn = conn
+        self._writer: StreamWriter | None = None
+
+    @property
+    def _payload_writer(self) -> StreamWriter:
+        """aiohttp's writer for a response the front did not write itself (made on use)."""
+        if self._writer is None:
+            self._writer = StreamWriter(self._conn, self._conn._loop)
+        return self._writer
 
     async def read(self) -> bytes:
         return self._body

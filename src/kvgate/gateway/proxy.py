@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -423,14 +423,6 @@ class Proxy:
     ) -> web.StreamResponse:
         headers = self.response_headers(call, decision)
         headers["Cache-Control"] = "no-cache"
-        open_stream = getattr(request, "open_stream", None)  # the lean front's own head
-        if open_stream is not None:
-            sent = open_stream(headers, first)
-            if sent is not None:
-                self.metrics.child(self.metrics.ttft, call.endpoint).observe(
-                    time.perf_counter() - call.started
-                )
-                return cast(web.StreamResponse, sent)
         client = web.StreamResponse(status=200, headers=headers)
         client.content_type = "text/event-stream"
         await client.prepare(request)
@@ -439,6 +431,31 @@ class Proxy:
         )
         await client.write(first)  # the head and the first events leave together
         return client
+
+    def _opener(
+        self, call: Call, decision: RouteDecision, request: web.Request
+    ) -> Callable[[bytes], tuple[asyncio.Transport, Any] | None] | None:
+        """For the lean front: open the client's stream from inside the relay, with the
+        first events (its head is written synchronously), instead of waking the proxy."""
+        open_stream = getattr(request, "open_stream", None)
+        if open_stream is None:
+            return None
+
+        def opener(first: bytes) -> tuple[asyncio.Transport, Any] | None:
+            transport = request.transport
+            if transport is None:
+                return None
+            headers = self.response_headers(call, decision)
+            headers["Cache-Control"] = "no-cache"
+            sent = open_stream(headers, first)
+            if sent is None:
+                return None  # the proxy opens it as for aiohttp's server
+            self.metrics.child(self.metrics.ttft, call.endpoint).observe(
+                time.perf_counter() - call.started
+            )
+            return transport, sent
+
+        return opener
 
     async def _wait_idle(
         self, relay: SseRelay, waiter: asyncio.Future[Any], deadline: float
@@ -473,14 +490,18 @@ class Proxy:
             strip_usage=strip_usage,
             on_progress=reporter.report,
             progress_batch=self.progress_batch_tokens,
+            opener=self._opener(call, decision, request),
         )
         exchange.attach(relay.feed)
         relay.wake_on_end()
         client: web.StreamResponse | None = None
         try:
-            await self._wait_idle(relay, relay.ready, deadline)
+            try:
+                await self._wait_idle(relay, relay.ready, deadline)
+            finally:
+                client = relay.opened  # opened by the first events (lean front), or None
             first = relay.take_held()
-            if first:
+            if client is None and first:
                 client = await self._open_client(call, decision, request, first)
                 transport = request.transport
                 if transport is None:

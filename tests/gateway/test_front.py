@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from tests.fixtures.gateway import running_gateway
 from tests.gateway._engines import engines
@@ -218,21 +219,28 @@ async def raw_head_and_body(gw: Any, request_bytes: bytes) -> tuple[bytes, bytes
     return re.sub(rb"Date: [^\r]*", b"Date: -", head), body
 
 
-async def test_stream_bytes_are_aiohttps(engine_url: str) -> None:
+async def test_stream_bytes_are_aiohttps(engine_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The head the front writes for a stream is byte for byte what aiohttp's server
     writes (the Date aside); the events are the same."""
     request_bytes = post(CHAT, chat(True, 3), extra="X-Request-Id: same-id\r\n")
     answers = []
     for lean in (True, False):
-        async with running_gateway(config(engine_url, lean_front=lean)) as gw:
-            answers.append(await raw_head_and_body(gw, request_bytes))
-            assert counts(gw)[0] == (1.0 if lean else 0.0)
+        with monkeypatch.context() as patch:
+            if lean:  # the front must write the stream's head itself, not aiohttp's writer
+                patch.setattr(web.StreamResponse, "prepare", _not_called)
+            async with running_gateway(config(engine_url, lean_front=lean)) as gw:
+                answers.append(await raw_head_and_body(gw, request_bytes))
+                assert counts(gw)[0] == (1.0 if lean else 0.0)
     (lean_head, lean_body), (aio_head, aio_body) = answers
     assert lean_head == aio_head
     assert b"Transfer-Encoding: chunked" in lean_head
     # the events alike (chunk sizes follow how the engine's writes were read: not compared)
     strip = re.compile(rb'"(id|created)":[^,]*,')  # the engine's per-answer fields
     assert strip.sub(b"", dechunk(lean_body)) == strip.sub(b"", dechunk(aio_body))
+
+
+async def _not_called(*_: Any) -> None:
+    raise AssertionError("aiohttp's StreamResponse.prepare was used")
 
 
 def dechunk(body: bytes) -> bytes:

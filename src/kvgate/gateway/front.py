@@ -176,10 +176,9 @@ class FrontRequest:
         transport = self.transport
         if self.route.signals or transport is None or transport.is_closing():
             return None
-        lines = [f"{name}: {value}" for name, value in headers.items()]
-        head = "\r\n".join(lines)
-        if "\r" in head or "\n" in head:
-            return None
+        head = "\r\n".join([f"{name}: {value}" for name, value in headers.items()])
+        if head.count("\n") != len(headers) - 1 or head.count("\r") != len(headers) - 1:
+            return None  # a CR or LF inside a name or value: aiohttp refuses it
         data = (
             f"HTTP/1.1 200 OK\r\n{head}\r\nContent-Type: text/event-stream\r\n"
             f"Transfer-Encoding: chunked\r\nDate: {rfc822_formatted_time()}\r\n"

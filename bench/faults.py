@@ -60,6 +60,8 @@ from typing import Any
 import aiohttp
 import yaml
 
+from kvgate.tasks import cancel_and_wait
+
 ENGINES = 4
 LEAVE_QUEUED_S = 0.3  # the abandoned-queued clients leave this long after sending
 PYTHON = sys.executable
@@ -310,10 +312,7 @@ class Watch:
         self._task = asyncio.create_task(self._loop(session))
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     def busiest(self, n: int) -> list[int]:
         """Indexes of the ``n`` nodes with the most dispatches in the last 2 s."""

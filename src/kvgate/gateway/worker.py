@@ -40,6 +40,7 @@ from kvgate.gateway.proxy import Call, Proxy
 from kvgate.gateway.remote import RemoteFlow, RemotePipeline
 from kvgate.kv_events.hub import KvEventHub
 from kvgate.routing.node_view import NodeView
+from kvgate.tasks import stop_on_signals
 
 log = logging.getLogger("kvgate.gateway.worker")
 METRICS_PUSH_S = 1.0
@@ -269,10 +270,7 @@ async def _run(args: argparse.Namespace) -> None:
     await site.start()
     with open(args.ready_file, "w") as f:
         f.write(str(os.getpid()))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     try:
         await stop.wait()
     finally:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import sys
 import time
@@ -21,6 +20,7 @@ import aiohttp
 
 from kvgate.cli import add_slo_arguments
 from kvgate.loadgen.runner import BenchProgress, BenchResult, arrival_scale_for_rate, run_bench
+from kvgate.tasks import cancel_and_wait
 from kvgate.workloads import WORKLOAD_NAMES, Workload, generate_workload
 
 
@@ -153,10 +153,7 @@ class _Display:
         self._task = asyncio.create_task(self._rich() if self.tty else self._plain())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         if not self.tty:
             print(f"{self.title}: finished {self.line()}", file=sys.stderr)
 

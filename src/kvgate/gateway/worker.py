@@ -129,16 +129,12 @@ class WorkerGateway:
         self.owner_session = aiohttp.ClientSession(
             connector=aiohttp.UnixConnector(path=self.owner_http), auto_decompress=False
         )
-        self.proxy = Proxy(
+        self.proxy = Proxy.configured(
+            self.config,
             session=self.session,
             pipeline=self.pipeline,
             node_url=self.urls.get,
             metrics=self.metrics,
-            upstream_timeout_s=server.upstream_timeout_s,
-            first_byte_timeout_s=server.first_byte_timeout_s,
-            idle_timeout_s=server.idle_timeout_s,
-            probe_timeout_s=self.config.pipeline.outlier.probe_timeout_s,
-            progress_batch_tokens=server.progress_batch_tokens,
         )
         await self.client.connect(self.owner_ipc)
         await self.refresh_models()

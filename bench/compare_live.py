@@ -40,6 +40,7 @@ import yaml
 from kvgate.engine.profiles import get_profile
 from kvgate.loadgen.cli import bench_once, parse_params, summarize_result
 from kvgate.procs import wait_for_ports
+from kvgate.procs.ports import free_port_run
 from kvgate.report.records import RequestRecord
 from kvgate.report.summary import markdown_table
 from kvgate.report.writers import write_report
@@ -122,31 +123,6 @@ def start_gateway(
 # -- policy precise: engines publish KV events, the gateway subscribes ------------------
 
 
-def _free_port_run(count: int) -> int:
-    """A base port with ``count`` consecutive free loopback ports after it."""
-    import socket
-
-    for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + count > 65535:
-            continue
-        socks = []
-        try:
-            for i in range(count):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind(("127.0.0.1", base + i))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise RuntimeError("no run of free ports")
-
-
 def _histogram_quantile(metrics_text: str, name: str, q: float) -> float | None:
     """Quantile of a Prometheus histogram summed over its labels (linear within a bucket,
     as PromQL's histogram_quantile)."""
@@ -186,7 +162,7 @@ def precise_live_row(
     gateway subscribed to every engine; adds the event lag p99 to the summary."""
     import yaml
 
-    base = _free_port_run(2 * args.engines)
+    base = free_port_run(2 * args.engines)
     events, replay = f"tcp://127.0.0.1:{base}", f"tcp://127.0.0.1:{base + args.engines}"
     saved = args.kv_events_args
     args.kv_events_args = ["--kv-events-endpoint", events, "--kv-events-replay-endpoint", replay]

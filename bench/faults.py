@@ -60,6 +60,7 @@ from typing import Any
 import aiohttp
 import yaml
 
+from kvgate.procs.ports import free_port
 from kvgate.tasks import cancel_and_wait
 
 ENGINES = 4
@@ -68,12 +69,6 @@ PYTHON = sys.executable
 
 
 # -- processes ----------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _get(url: str, timeout: float = 2.0) -> bytes:
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         return bytes(resp.read())

@@ -18,7 +18,7 @@ from typing import Any
 
 import aiohttp
 
-from kvgate.cli import add_slo_arguments
+from kvgate.cli import UsageError, add_slo_arguments
 from kvgate.loadgen.runner import BenchProgress, BenchResult, arrival_scale_for_rate, run_bench
 from kvgate.tasks import cancel_and_wait
 from kvgate.workloads import WORKLOAD_NAMES, Workload, generate_workload
@@ -205,33 +205,28 @@ def summarize_result(
     return summary
 
 
-def _validate(args: argparse.Namespace) -> str | None:
+def _validate(args: argparse.Namespace) -> None:
     if args.rate is not None and args.rate <= 0:
-        return "--rate must be > 0"
+        raise UsageError("--rate must be > 0")
     if args.concurrency is not None and args.concurrency < 1:
-        return "--concurrency must be >= 1"
+        raise UsageError("--concurrency must be >= 1")
     if args.requests is not None and args.requests < 1:
-        return "--requests must be >= 1"
+        raise UsageError("--requests must be >= 1")
     if args.duration is not None and args.duration <= 0:
-        return "--duration must be > 0"
+        raise UsageError("--duration must be > 0")
     if args.time_scale <= 0:
-        return "--time-scale must be > 0"
-    return None
+        raise UsageError("--time-scale must be > 0")
 
 
 def run(args: argparse.Namespace) -> int:
     from kvgate.report.summary import parse_class_slos
 
-    error = _validate(args)
-    if error:
-        print(f"kvgate bench: {error}", file=sys.stderr)
-        return 2
+    _validate(args)
     try:
         workload = build_workload(args)
         class_slos = parse_class_slos(args.class_slo)
     except ValueError as exc:
-        print(f"kvgate bench: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from None
     try:
         result = asyncio.run(bench_once(args, workload, title=f"bench {args.workload}"))
     except (OSError, RuntimeError, aiohttp.ClientError) as exc:

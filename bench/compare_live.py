@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -40,22 +39,13 @@ import yaml
 from kvgate.engine.profiles import get_profile
 from kvgate.loadgen.cli import bench_once, parse_params, summarize_result
 from kvgate.procs import wait_for_ports
+from kvgate.procs.handle import terminate
 from kvgate.procs.ports import free_port_run
 from kvgate.report.records import RequestRecord
 from kvgate.report.summary import markdown_table
 from kvgate.report.writers import write_report
 from kvgate.workloads import WORKLOAD_NAMES, generate_workload
 from kvgate.workloads.catalog import LOADS, load_params
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 def start_engines(
@@ -75,7 +65,7 @@ def start_engines(
     try:
         ports = wait_for_ports(proc, port_file, args.engines, log, name="engine-sim", timeout=60)
     except BaseException:
-        _stop(proc)
+        terminate(proc)
         raise
     return proc, [f"http://127.0.0.1:{p}" for p in ports]
 
@@ -115,7 +105,7 @@ def start_gateway(
     try:
         (port,) = wait_for_ports(proc, port_file, 1, log, name="gateway", timeout=60)
     except BaseException:
-        _stop(proc)
+        terminate(proc)
         raise
     return proc, f"http://127.0.0.1:{port}"
 
@@ -191,8 +181,8 @@ def precise_live_row(
             text = resp.read().decode()
     finally:
         if gateway is not None:
-            _stop(gateway)
-        _stop(engines)
+            terminate(gateway)
+        terminate(engines)
     summary = summarize_result(result, args.ttft_slo)
     for q in (0.5, 0.99):
         lag = _histogram_quantile(text, "kvgate_kv_events_lag_seconds", q)
@@ -264,8 +254,8 @@ def main(argv: list[str] | None = None) -> int:
                 result = asyncio.run(bench_once(args, workload, title=policy))
             finally:
                 if gateway is not None:
-                    _stop(gateway)
-                _stop(engines)
+                    terminate(gateway)
+                terminate(engines)
             results[policy] = summarize_result(result, args.ttft_slo)
             records[policy] = result.records
     wall = time.perf_counter() - started

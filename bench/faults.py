@@ -60,6 +60,7 @@ from typing import Any
 import aiohttp
 import yaml
 
+from kvgate.procs.handle import terminate
 from kvgate.procs.ports import free_port
 from kvgate.tasks import cancel_and_wait
 
@@ -102,12 +103,7 @@ class Proc:
         if self.popen is None or self.popen.poll() is not None:
             return
         self.signal(signal.SIGCONT)
-        self.popen.terminate()
-        try:
-            self.popen.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait(timeout=10)
+        terminate(self.popen)
 
     def kill(self) -> None:
         if self.popen is not None and self.popen.poll() is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -23,3 +24,14 @@ def stop_on_signals() -> asyncio.Event:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     return stop
+
+
+async def cancel_all(tasks: Iterable[asyncio.Task[Any]]) -> None:
+    """Cancel every task, then wait for each to end. Shutting down, nobody reads how a
+    task ended: its cancellation or an error it raised is dropped."""
+    tasks = list(tasks)
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task

@@ -35,6 +35,7 @@ from kvgate.gateway.config import ConfigError, GatewayConfig
 from kvgate.gateway.errors import ApiError
 from kvgate.gateway.gateway import GATEWAY
 from kvgate.store.keys import TOTAL_QUOTA
+from kvgate.tasks import cancel_all
 
 log = logging.getLogger("kvgate.gateway.config")
 
@@ -139,11 +140,7 @@ class _CapacitySync:
         self._tasks = [asyncio.create_task(self._loop()), asyncio.create_task(self._watch())]
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_all(self._tasks)
 
     async def sync(self) -> None:
         total = self.book.total(self.gateway.nodes.list())

@@ -10,6 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from kvgate.procs.handle import terminate
 from kvgate.procs.ports import free_port
 
 
@@ -63,13 +64,8 @@ class Server:
         raise TimeoutError(f"{self.scheme} server not ready in {timeout}s: {self.log()}")
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        if self.process is not None:
+            terminate(self.process)
 
     def log(self) -> str:
         path = self.workdir / f"{self.scheme}.log"

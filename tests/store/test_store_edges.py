@@ -73,43 +73,39 @@ async def test_reserve_after_the_lease_was_reaped_counts_old_and_new(
 
 @pytest.mark.parametrize("before", ["nothing", "lease_lost", "failed_write"])
 async def test_a_write_cancelled_at_any_point_is_counted_right_after_the_heartbeat(
-    fresh_redis_server: Any, before: str
+    two_clients: tuple[RedisStore, RedisStore], before: str
 ) -> None:
     """A client that leaves cancels its handler, the release in its ``finally`` included:
     whichever await the cancellation lands on, the store must end up counting exactly what
     the gateway still holds (here: it was flaky as a 302-token leak in a frozen-gateway
     test, where a release was cut off while re-acquiring the lease)."""
-    store, other = redis_store(fresh_redis_server), redis_store(fresh_redis_server)
-    try:
+    store, other = two_clients
+    await store.heartbeat("g", 30)
+    for steps in range(1, 31):  # cancel after 1, 2, ... event-loop turns (once begun)
+        assert (await store.reserve("g", "keep", 7, LIMITS)).ok
+        assert (await store.reserve("g", "a", 302, LIMITS)).ok
+        if before == "lease_lost":  # the next write is fenced and must re-acquire
+            await other._client.delete("kvgate:quota:lease:g")
+        elif before == "failed_write":  # as after a timeout: reconcile before writing
+            store._stale.add("g")
+        reserved = False
+        for write in (store.release("g", "a", 302), store.reserve("g", "b", 40, LIMITS)):
+            task = asyncio.ensure_future(write)
+            for _ in range(steps):
+                await asyncio.sleep(0)
+            task.cancel()
+            try:
+                outcome = await task
+            except asyncio.CancelledError:
+                continue
+            reserved = reserved or bool(outcome and outcome.ok)  # it finished first
+        # the release was under way: "a" is gone; "b" only if its reservation finished
+        expected = {"keep": 7 * steps, **({"b": 40} if reserved else {})}
+        assert store.held("g") == expected, steps
         await store.heartbeat("g", 30)
-        for steps in range(1, 31):  # cancel after 1, 2, ... event-loop turns (once begun)
-            assert (await store.reserve("g", "keep", 7, LIMITS)).ok
-            assert (await store.reserve("g", "a", 302, LIMITS)).ok
-            if before == "lease_lost":  # the next write is fenced and must re-acquire
-                await other._client.delete("kvgate:quota:lease:g")
-            elif before == "failed_write":  # as after a timeout: reconcile before writing
-                store._stale.add("g")
-            reserved = False
-            for write in (store.release("g", "a", 302), store.reserve("g", "b", 40, LIMITS)):
-                task = asyncio.ensure_future(write)
-                for _ in range(steps):
-                    await asyncio.sleep(0)
-                task.cancel()
-                try:
-                    outcome = await task
-                except asyncio.CancelledError:
-                    continue
-                reserved = reserved or bool(outcome and outcome.ok)  # it finished first
-            # the release was under way: "a" is gone; "b" only if its reservation finished
-            expected = {"keep": 7 * steps, **({"b": 40} if reserved else {})}
-            assert store.held("g") == expected, steps
-            await store.heartbeat("g", 30)
-            assert await other.usage() == expected, steps
-            if reserved:
-                await store.release("g", "b", 40)
-    finally:
-        await store.close()
-        await other.close()
+        assert await other.usage() == expected, steps
+        if reserved:
+            await store.release("g", "b", 40)
 
 
 async def test_heartbeat_re_registers_after_a_redis_restart(fresh_redis_server: Any) -> None:

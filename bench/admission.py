@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry
 from kvgate.admission.config import AdmissionConfig
 from kvgate.admission.controller import AdmissionController
 from kvgate.flags import Flags
+from kvgate.procs.ports import free_port
 from kvgate.store import open_store
 from kvgate.types import AdmissionKind, AdmissionRequest
 
@@ -47,9 +48,7 @@ def request(i: int) -> AdmissionRequest:
 @contextlib.contextmanager
 def redis_server() -> Iterator[str]:
     """A throwaway redis-server on a free loopback port (no persistence); yields its URL."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="kvgate-bench-redis-") as tmp:
         proc = subprocess.Popen(
             [shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind",

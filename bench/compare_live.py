@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -40,21 +39,13 @@ import yaml
 from kvgate.engine.profiles import get_profile
 from kvgate.loadgen.cli import bench_once, parse_params, summarize_result
 from kvgate.procs import wait_for_ports
+from kvgate.procs.handle import terminate
+from kvgate.procs.ports import free_port_run
 from kvgate.report.records import RequestRecord
 from kvgate.report.summary import markdown_table
 from kvgate.report.writers import write_report
 from kvgate.workloads import WORKLOAD_NAMES, generate_workload
 from kvgate.workloads.catalog import LOADS, load_params
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 def start_engines(
@@ -74,7 +65,7 @@ def start_engines(
     try:
         ports = wait_for_ports(proc, port_file, args.engines, log, name="engine-sim", timeout=60)
     except BaseException:
-        _stop(proc)
+        terminate(proc)
         raise
     return proc, [f"http://127.0.0.1:{p}" for p in ports]
 
@@ -114,37 +105,12 @@ def start_gateway(
     try:
         (port,) = wait_for_ports(proc, port_file, 1, log, name="gateway", timeout=60)
     except BaseException:
-        _stop(proc)
+        terminate(proc)
         raise
     return proc, f"http://127.0.0.1:{port}"
 
 
 # -- policy precise: engines publish KV events, the gateway subscribes ------------------
-
-
-def _free_port_run(count: int) -> int:
-    """A base port with ``count`` consecutive free loopback ports after it."""
-    import socket
-
-    for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + count > 65535:
-            continue
-        socks = []
-        try:
-            for i in range(count):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind(("127.0.0.1", base + i))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise RuntimeError("no run of free ports")
 
 
 def _histogram_quantile(metrics_text: str, name: str, q: float) -> float | None:
@@ -186,7 +152,7 @@ def precise_live_row(
     gateway subscribed to every engine; adds the event lag p99 to the summary."""
     import yaml
 
-    base = _free_port_run(2 * args.engines)
+    base = free_port_run(2 * args.engines)
     events, replay = f"tcp://127.0.0.1:{base}", f"tcp://127.0.0.1:{base + args.engines}"
     saved = args.kv_events_args
     args.kv_events_args = ["--kv-events-endpoint", events, "--kv-events-replay-endpoint", replay]
@@ -215,8 +181,8 @@ def precise_live_row(
             text = resp.read().decode()
     finally:
         if gateway is not None:
-            _stop(gateway)
-        _stop(engines)
+            terminate(gateway)
+        terminate(engines)
     summary = summarize_result(result, args.ttft_slo)
     for q in (0.5, 0.99):
         lag = _histogram_quantile(text, "kvgate_kv_events_lag_seconds", q)
@@ -288,8 +254,8 @@ def main(argv: list[str] | None = None) -> int:
                 result = asyncio.run(bench_once(args, workload, title=policy))
             finally:
                 if gateway is not None:
-                    _stop(gateway)
-                _stop(engines)
+                    terminate(gateway)
+                terminate(engines)
             results[policy] = summarize_result(result, args.ttft_slo)
             records[policy] = result.records
     wall = time.perf_counter() - started

@@ -60,18 +60,16 @@ from typing import Any
 import aiohttp
 import yaml
 
+from kvgate.procs.handle import terminate
+from kvgate.procs.ports import free_port
+from kvgate.tasks import cancel_and_wait
+
 ENGINES = 4
 LEAVE_QUEUED_S = 0.3  # the abandoned-queued clients leave this long after sending
 PYTHON = sys.executable
 
 
 # -- processes ----------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _get(url: str, timeout: float = 2.0) -> bytes:
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         return bytes(resp.read())
@@ -105,12 +103,7 @@ class Proc:
         if self.popen is None or self.popen.poll() is not None:
             return
         self.signal(signal.SIGCONT)
-        self.popen.terminate()
-        try:
-            self.popen.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait(timeout=10)
+        terminate(self.popen)
 
     def kill(self) -> None:
         if self.popen is not None and self.popen.poll() is None:
@@ -310,10 +303,7 @@ class Watch:
         self._task = asyncio.create_task(self._loop(session))
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     def busiest(self, n: int) -> list[int]:
         """Indexes of the ``n`` nodes with the most dispatches in the last 2 s."""

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvgate.procs.handle import terminate
 from kvgate.tokens import synthetic_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -230,13 +231,7 @@ class Proc:
         return self.proc.pid
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, 15)
         self.tmp.cleanup()
 
 

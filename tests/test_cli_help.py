@@ -132,3 +132,21 @@ def test_version_and_top_level_help() -> None:
     for name in SUBCOMMANDS:
         assert name in helped.stdout
     assert "quick start" in helped.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["calibrate", "--target", "http://127.0.0.1:9", "--context", "1"], "--context must be"),
+        (
+            ["bench", "--target", "http://127.0.0.1:9", "--workload", "overload", "--rate", "0"],
+            "--rate",
+        ),
+    ],
+)
+def test_arguments_that_do_not_fit_together_exit_2_naming_the_option(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvgate {argv[0]}: ") and message in err

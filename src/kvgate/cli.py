@@ -28,6 +28,11 @@ quick start:
 docs: README.md, docs/configuration.md, docs/operations.md"""
 
 
+class UsageError(Exception):
+    """A subcommand's arguments do not make sense together: ``kvgate`` prints
+    "kvgate COMMAND: message" and exits 2, as argparse does for its own checks."""
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Appends "(default: X)" only where it informs: not for unset (None), on/off switches,
     empty lists, or help text that already states its default."""
@@ -121,6 +126,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args._run(args) or 0)
+    except UsageError as exc:
+        print(f"kvgate {args.command}: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

@@ -135,6 +135,10 @@ def test_apply_on_one_gateway_reaches_the_other_and_rollback_restores(
     assert hist["active"]["version"] == v1 and hist["running"] == v1
     diff = kvgate_config(gw2.url, "diff", "--from", str(v1), "--to", str(v2)).stdout
     assert '~ routing.policy: "hybrid" -> "round_robin"' in diff
+    shown = json.loads(kvgate_config(gw2.url, "--json", "show").stdout)  # the active one
+    assert shown["version"] == v1 and shown["document"]["routing"]["policy"] != "round_robin"
+    latest = json.loads(kvgate_config(gw2.url, "--json", "diff").stdout)
+    assert (latest["from"], latest["to"]) == (shown["parent"], v1)
 
     # forward again, then back to the named baseline
     assert kvgate_config(gw1.url, "rollback", "--to", str(v2)).returncode == 0

@@ -60,3 +60,22 @@ def test_diff_names_list_items_by_name() -> None:
         "+ flags: {}",
         "- flags.x: true",
     ]
+
+
+async def test_resolve_and_changes_default_to_the_active_version() -> None:
+    vs = VersionStore(open_store("memory://"))
+    with pytest.raises(VersionError, match="no active config version"):
+        await vs.resolve(None)
+    with pytest.raises(VersionError, match="no config versions yet"):
+        await vs.changes(None, None)
+    base = document_of(parse_config({}))
+    await vs.apply(base, author="alice")
+    doc, _ = await prepare_apply(vs, {"routing": {"policy": "round_robin"}})
+    await vs.apply(doc, author="bob")
+    assert (await vs.resolve(None)).version == 2
+    assert (await vs.resolve(1)).detail()["document"] == base
+    changes = await vs.changes(None, None)  # the active version against its parent
+    assert (changes["from"], changes["to"]) == (1, 2)
+    assert changes["diff"] == (await vs.get(2)).diff
+    assert '~ routing.policy: "hybrid" -> "round_robin"' in changes["diff"]
+    assert await vs.changes(2, 1) == {"from": 2, "to": 1, "diff": diff_documents(doc, base)}

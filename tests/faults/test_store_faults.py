@@ -11,17 +11,28 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import pytest
 import redis
 
-from tests.fixtures.engines import start_engine_process
+from tests.fixtures.engines import EngineProcess, start_engine_process
 from tests.fixtures.gateway import GatewayProcess
 
 LEASE_TTL_S = 2.0
 HEARTBEAT_S = LEASE_TTL_S / 3
 USED_KEY = "kvgate:quota:used"
+
+
+@pytest.fixture
+def engine() -> Iterator[EngineProcess]:
+    """One fast simulated engine, stopped after the test (before its gateways)."""
+    started = start_engine_process(count=1, time_scale=50.0)
+    try:
+        yield started
+    finally:
+        started.stop()
 
 
 def gateway_config(engine_url: str, store: str, **admission: Any) -> dict[str, Any]:
@@ -65,47 +76,43 @@ def engine_running(engine_url: str) -> int:
 
 # -- Redis restart: one down, one up ---------------------------------------------------
 def test_redis_restart_is_one_down_and_one_up_transition(
-    fresh_redis_server: Any, gateway_factory: Callable[..., GatewayProcess]
+    fresh_redis_server: Any, gateway_factory: Callable[..., GatewayProcess], engine: EngineProcess
 ) -> None:
-    engines = start_engine_process(count=1, time_scale=50.0)
+    gw = gateway_factory(config=gateway_config(engine.url, fresh_redis_server.url))
+    statuses: list[int] = []
+    stop = threading.Event()
+
+    def load(worker: int) -> None:  # concurrent: the pool holds several connections
+        i = 0
+        while not stop.is_set():
+            i += 1
+            body = {"prompt": f"restart {worker} {i}", "max_tokens": 16, "stream": i % 2 == 0}
+            statuses.append(post(gw.url + "/v1/completions", body)[0])
+            time.sleep(0.1)
+
+    workers = [threading.Thread(target=load, args=(w,)) for w in range(8)]
+    for w in workers:
+        w.start()
     try:
-        gw = gateway_factory(config=gateway_config(engines.url, fresh_redis_server.url))
-        statuses: list[int] = []
-        stop = threading.Event()
-
-        def load(worker: int) -> None:  # concurrent: the pool holds several connections
-            i = 0
-            while not stop.is_set():
-                i += 1
-                body = {"prompt": f"restart {worker} {i}", "max_tokens": 16, "stream": i % 2 == 0}
-                statuses.append(post(gw.url + "/v1/completions", body)[0])
-                time.sleep(0.1)
-
-        workers = [threading.Thread(target=load, args=(w,)) for w in range(8)]
-        for w in workers:
-            w.start()
-        try:
-            time.sleep(1.5)
-            fresh_redis_server.stop()
-            time.sleep(1.0)
-            fresh_redis_server.start()  # empty: no persistence
-            time.sleep(4 * HEARTBEAT_S + 6.0)  # recovery window and many heartbeats
-        finally:
-            stop.set()
-            for w in workers:
-                w.join(timeout=30)
-        text = get_text(gw.url + "/metrics")
-        assert metric(text, "kvgate_store_transitions_total", backend="redis", to="down") == 1
-        assert metric(text, "kvgate_store_transitions_total", backend="redis", to="up") == 1
-        assert metric(text, "kvgate_store_backend_up", backend="redis") == 1
-        log = gw.log()
-        # admission switched to local limits once and back once
-        assert log.count("unreachable (") == 1, log[-3000:]
-        assert log.count("reachable again") == 1, log[-3000:]
-        assert statuses and all(s < 500 for s in statuses), sorted(set(statuses))
-        assert len(statuses) > 40
+        time.sleep(1.5)
+        fresh_redis_server.stop()
+        time.sleep(1.0)
+        fresh_redis_server.start()  # empty: no persistence
+        time.sleep(4 * HEARTBEAT_S + 6.0)  # recovery window and many heartbeats
     finally:
-        engines.stop()
+        stop.set()
+        for w in workers:
+            w.join(timeout=30)
+    text = get_text(gw.url + "/metrics")
+    assert metric(text, "kvgate_store_transitions_total", backend="redis", to="down") == 1
+    assert metric(text, "kvgate_store_transitions_total", backend="redis", to="up") == 1
+    assert metric(text, "kvgate_store_backend_up", backend="redis") == 1
+    log = gw.log()
+    # admission switched to local limits once and back once
+    assert log.count("unreachable (") == 1, log[-3000:]
+    assert log.count("reachable again") == 1, log[-3000:]
+    assert statuses and all(s < 500 for s in statuses), sorted(set(statuses))
+    assert len(statuses) > 40
 
 
 # -- a gateway frozen past its lease ---------------------------------------------------
@@ -185,34 +192,30 @@ def test_frozen_gateway_re_registers_its_running_work(
 
 # -- a flag written during an etcd outage ----------------------------------------------
 def test_flag_write_during_etcd_outage_is_refused_then_lands(
-    fresh_etcd_server: Any, gateway_factory: Callable[..., GatewayProcess]
+    fresh_etcd_server: Any, gateway_factory: Callable[..., GatewayProcess], engine: EngineProcess
 ) -> None:
-    engines = start_engine_process(count=1, time_scale=50.0)
-    try:
-        gw = gateway_factory(config=gateway_config(engines.url, fresh_etcd_server.url))
-        other = gateway_factory(config=gateway_config(engines.url, fresh_etcd_server.url))
-        fresh_etcd_server.stop()
+    gw = gateway_factory(config=gateway_config(engine.url, fresh_etcd_server.url))
+    other = gateway_factory(config=gateway_config(engine.url, fresh_etcd_server.url))
+    fresh_etcd_server.stop()
+    status, body = post(gw.url + "/admin/flags", {"cache_affinity": False}, timeout=20)
+    assert status == 503, body
+    assert json.loads(body)["error"]["code"] == "store_unavailable"
+    # not applied locally either: the replicas still agree
+    assert flags(gw)["cache_affinity"] is True
+    assert flags(other)["cache_affinity"] is True
+    fresh_etcd_server.start()
+    deadline = time.monotonic() + 30
+    while True:
         status, body = post(gw.url + "/admin/flags", {"cache_affinity": False}, timeout=20)
-        assert status == 503, body
-        assert json.loads(body)["error"]["code"] == "store_unavailable"
-        # not applied locally either: the replicas still agree
-        assert flags(gw)["cache_affinity"] is True
-        assert flags(other)["cache_affinity"] is True
-        fresh_etcd_server.start()
-        deadline = time.monotonic() + 30
-        while True:
-            status, body = post(gw.url + "/admin/flags", {"cache_affinity": False}, timeout=20)
-            if status == 200:
-                break
-            assert status == 503 and time.monotonic() < deadline, body
-            time.sleep(0.5)
-        deadline = time.monotonic() + 20
-        while flags(other)["cache_affinity"] is not False:  # reached etcd, and the replica
-            assert time.monotonic() < deadline, "the other replica never saw the flag"
-            time.sleep(0.2)
-        assert flags(gw)["cache_affinity"] is False
-    finally:
-        engines.stop()
+        if status == 200:
+            break
+        assert status == 503 and time.monotonic() < deadline, body
+        time.sleep(0.5)
+    deadline = time.monotonic() + 20
+    while flags(other)["cache_affinity"] is not False:  # reached etcd, and the replica
+        assert time.monotonic() < deadline, "the other replica never saw the flag"
+        time.sleep(0.2)
+    assert flags(gw)["cache_affinity"] is False
 
 
 def flags(gw: GatewayProcess) -> dict[str, bool]:

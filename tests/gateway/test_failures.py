@@ -9,7 +9,7 @@ from typing import Any
 
 import aiohttp
 
-from tests.fixtures.engines import start_engine_process
+from tests.fixtures.engines import EngineProcess, start_engine_process
 from tests.fixtures.gateway import running_gateway
 from tests.gateway._engines import MODEL, TIME_SCALE, engines
 
@@ -180,6 +180,31 @@ async def _load(
     return results
 
 
+class Load:
+    """``_load`` (max_tokens 20) running in the background until ``finish``."""
+
+    def __init__(self, s: aiohttp.ClientSession, url: str, *, rate: float) -> None:
+        self.stop = asyncio.Event()
+        self.task = asyncio.create_task(_load(s, url, self.stop, rate=rate, max_tokens=20))
+
+    async def finish(self) -> list[tuple[float, float, int, str]]:
+        self.stop.set()
+        return await self.task
+
+
+def kill(engine: EngineProcess) -> int:
+    """Kill an engine; its port, to restart it on."""
+    port = int(engine.url.rsplit(":", 1)[1])
+    engine.kill()
+    return port
+
+
+def restart(port: int) -> EngineProcess:
+    return start_engine_process(
+        time_scale=TIME_SCALE, model=MODEL, extra_args=["--base-port", str(port)]
+    )
+
+
 async def test_killed_engine_is_ejected_at_once_and_probed_back() -> None:
     with engines(4) as started:
         # no cold boost: its tiny age differences would keep the oldest node out of ties
@@ -188,11 +213,9 @@ async def test_killed_engine_is_ejected_at_once_and_probed_back() -> None:
         # scrapes slower than the detection they back up: ejection is what takes e0 out
         cfg["routing"] = {"scrape_interval_s": 5.0}
         async with running_gateway(cfg) as gw, aiohttp.ClientSession() as s:
-            stop = asyncio.Event()
-            load = asyncio.create_task(_load(s, gw.url, stop, rate=40, max_tokens=20))
+            load = Load(s, gw.url, rate=40)
             await asyncio.sleep(1.0)
-            port = int(started[0].url.rsplit(":", 1)[1])
-            started[0].kill()
+            port = kill(started[0])
             killed_at = time.monotonic()
             outlier = gw.gateway.pipeline.outlier
             await asyncio.sleep(1.0 - (time.monotonic() - killed_at))
@@ -202,8 +225,7 @@ async def test_killed_engine_is_ejected_at_once_and_probed_back() -> None:
             # node; its re-admission probes are health checks, not traffic
             assert dispatches_to(gw, "e0") == one_second_after
             assert "e0" in outlier.ejected()
-            stop.set()
-            results = await load
+            results = await load.finish()
             assert [r for r in results if r[2] != 200] == []  # 0 non-streamed failures
             assert (
                 sample(gw, "kvgate_outlier_ejections_total", node="e0", reason="connect")
@@ -217,9 +239,7 @@ async def test_killed_engine_is_ejected_at_once_and_probed_back() -> None:
             )
             # restarted on its port: back in rotation within one probe interval
             span = outlier.snapshot(gw.gateway.clock.now())["e0"]["ejected_for_s"]
-            restarted = start_engine_process(
-                time_scale=TIME_SCALE, model=MODEL, extra_args=["--base-port", str(port)]
-            )
+            restarted = restart(port)
             try:
                 back_at = time.monotonic()
                 while "e0" in outlier.ejected():
@@ -243,11 +263,9 @@ async def test_engine_restarted_after_a_long_outage_is_back_within_a_scrape_and_
         cfg["routing"] = {"scrape_interval_s": scrape_s}
         cfg["pipeline"] = {"outlier": {"base_ejection_s": 1.0, "max_ejection_s": 30.0}}
         async with running_gateway(cfg) as gw, aiohttp.ClientSession() as s:
-            stop = asyncio.Event()
-            load = asyncio.create_task(_load(s, gw.url, stop, rate=20, max_tokens=20))
+            load = Load(s, gw.url, rate=20)
             await asyncio.sleep(0.5)
-            port = int(started[0].url.rsplit(":", 1)[1])
-            started[0].kill()
+            port = kill(started[0])
             outlier = gw.gateway.pipeline.outlier
             while "e0" not in outlier.ejected():
                 await asyncio.sleep(0.02)
@@ -259,9 +277,7 @@ async def test_engine_restarted_after_a_long_outage_is_back_within_a_scrape_and_
             span = outlier.snapshot(gw.gateway.clock.now())["e0"]["ejected_for_s"]
             assert float(span) > 4.0, span  # type: ignore[arg-type]
             before = dispatches_to(gw, "e0")
-            restarted = start_engine_process(
-                time_scale=TIME_SCALE, model=MODEL, extra_args=["--base-port", str(port)]
-            )
+            restarted = restart(port)
             try:
                 back_at = time.monotonic()  # the new process listens from here on
                 while dispatches_to(gw, "e0") == before and time.monotonic() - back_at < 10:
@@ -276,11 +292,10 @@ async def test_engine_restarted_after_a_long_outage_is_back_within_a_scrape_and_
                     >= 1
                 )
                 assert sample(gw, "kvgate_node_state", node="e0", state="backoff") == 0
-                stop.set()
-                results = await load
+                results = await load.finish()
                 assert [r for r in results if r[2] != 200] == []
             finally:
-                stop.set()
+                load.stop.set()
                 restarted.stop()
 
 
@@ -290,15 +305,13 @@ async def test_three_of_four_dead_the_healthy_one_serves_everything() -> None:
             running_gateway(config([e.url for e in started])) as gw,
             aiohttp.ClientSession() as s,
         ):
-            stop = asyncio.Event()
-            load = asyncio.create_task(_load(s, gw.url, stop, rate=40, max_tokens=20))
+            load = Load(s, gw.url, rate=40)
             await asyncio.sleep(0.5)
             for e in started[:3]:
                 e.kill()
             killed_at = time.monotonic()
             await asyncio.sleep(3.0)
-            stop.set()
-            results = await load
+            results = await load.finish()
             late = [r for r in results if r[0] >= killed_at + 1.0]
             assert len(late) > 60
             assert [r for r in late if r[2] != 200] == []
@@ -315,8 +328,7 @@ async def test_hung_engine_costs_at_most_first_byte_timeout_plus_one_retry() -> 
         cfg["server"] = {"first_byte_timeout_s": 1.0}
         cfg["pipeline"] = {"outlier": {"probe_timeout_s": 0.3, "base_ejection_s": 0.5}}
         async with running_gateway(cfg) as gw, aiohttp.ClientSession() as s:
-            stop = asyncio.Event()
-            load = asyncio.create_task(_load(s, gw.url, stop, rate=20, max_tokens=20))
+            load = Load(s, gw.url, rate=20)
             await asyncio.sleep(0.5)
             hung = started[0].process.process
             hung.send_signal(signal.SIGSTOP)
@@ -340,8 +352,7 @@ async def test_hung_engine_costs_at_most_first_byte_timeout_plus_one_retry() -> 
             assert time.monotonic() - resumed <= 0.5 + 1.0
             back = dispatches_to(gw, "e0")
             await asyncio.sleep(1.0)
-            stop.set()
-            results = await load
+            results = await load.finish()
             assert dispatches_to(gw, "e0") > back  # and takes traffic again
             assert [r for r in results if r[2] != 200] == []
             # first-byte timeout + the health probe + one normal retry (well under 1 s)

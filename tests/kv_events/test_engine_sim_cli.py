@@ -4,7 +4,6 @@ each on its own offset endpoint, publishing vLLM-hashed blocks a subscriber can 
 from __future__ import annotations
 
 import asyncio
-import socket
 from pathlib import Path
 
 import aiohttp
@@ -14,30 +13,13 @@ from kvgate.kv_events.index import PreciseIndex
 from kvgate.kv_events.metrics import KvEventMetrics
 from kvgate.kv_events.subscriber import KvEventSubscriber
 from kvgate.kv_events.tokenizer import PromptHasher
+from kvgate.procs.ports import free_port_run
 from kvgate.tokens import _WORDS
 from tests.fixtures.engines import start_engine_process
 
 
-def _free_base(n: int) -> int:
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        try:
-            socks = [socket.socket() for _ in range(n)]
-            for i, s in enumerate(socks):
-                s.bind(("127.0.0.1", base + i))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free ports")
-
-
 async def test_engine_sim_process_publishes_vllm_hashed_blocks(tokenizer_path: Path) -> None:
-    base = _free_base(4)
+    base = free_port_run(4)
     engines = start_engine_process(
         count=2,
         extra_args=[

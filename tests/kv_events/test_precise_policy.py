@@ -102,4 +102,5 @@ def test_combined_signal_is_precise_where_synced_and_approximate_elsewhere() -> 
     assert signal.match(chain, later, ["a"]) == {"a": 1}
     # With an engine tokenizer the precise half is asked with the engine's own hashes.
     precise.apply("a", KVEventBatch(0.0, [BlockStored([91, 92], None)]), 0.0)
-    assert signal.match(chain, later, None, engine_block_hashes=[91, 92, 93]) == {"a": 2, "b": 3}
+    with_engine = CombinedSignal(precise, approx, engine_block_hashes=[91, 92, 93])
+    assert with_engine.match(chain, later) == {"a": 2, "b": 3}

@@ -47,6 +47,19 @@ def _frames(pub: KvEventPublisher, seq: int) -> list[bytes]:
     return [b"", seq_to_bytes(seq), payload]
 
 
+async def _heard_a_publisher_that_stopped(ctx: zmq.asyncio.Context) -> KvEventSubscriber:
+    """A subscriber that applied batches 0..2 (blocks 0, 1, 2) of a publisher now gone."""
+    old = await _publisher()
+    sub = _subscriber(old, ctx)
+    try:
+        for i in range(3):
+            old.publish([BlockStored([i], None)])
+            await sub.handle(_frames(old, i))
+    finally:
+        await old.stop()
+    return sub
+
+
 def _value(sub: KvEventSubscriber, name: str, **labels: str) -> float:
     v = sub.metrics.registry.get_sample_value(name, {"node": "n", **labels})
     return v or 0.0
@@ -77,15 +90,8 @@ async def test_a_gap_is_filled_from_the_replay_socket(ctx: zmq.asyncio.Context) 
 
 
 async def test_a_publisher_restart_drops_the_old_state(ctx: zmq.asyncio.Context) -> None:
-    old = await _publisher()
-    sub = _subscriber(old, ctx)
-    try:
-        for i in range(3):
-            old.publish([BlockStored([i], None)])
-            await sub.handle(_frames(old, i))
-        assert sub.index.blocks_of("n") == {0, 1, 2}
-    finally:
-        await old.stop()
+    sub = await _heard_a_publisher_that_stopped(ctx)
+    assert sub.index.blocks_of("n") == {0, 1, 2}
     new = await _publisher()
     try:
         sub.replay_endpoint = new.bound_replay_endpoint
@@ -182,14 +188,7 @@ async def test_start_catches_up_from_the_replay_buffer(ctx: zmq.asyncio.Context)
 async def test_a_restart_whose_counter_overtook_ours_is_not_taken_for_a_gap(
     ctx: zmq.asyncio.Context,
 ) -> None:
-    old = await _publisher()
-    sub = _subscriber(old, ctx)
-    try:
-        for i in range(3):
-            old.publish([BlockStored([i], None)])
-            await sub.handle(_frames(old, i))
-    finally:
-        await old.stop()
+    sub = await _heard_a_publisher_that_stopped(ctx)
     new = await _publisher()  # restarted: published 0..5 before we heard any of it
     try:
         sub.replay_endpoint = new.bound_replay_endpoint

@@ -12,13 +12,13 @@ some requests too large to admit, so the admission sequence mixes admit and reje
 from __future__ import annotations
 
 import dataclasses
-import socket
 from typing import Any
 
 import aiohttp
 import pytest
 
 from kvgate.admission.config import AdmissionConfig
+from kvgate.procs.ports import free_port
 from kvgate.sim.cluster import ClusterSim, SimConfig
 from kvgate.sim.events import ClusterEvent
 from kvgate.workloads import Workload, generate_workload
@@ -148,10 +148,7 @@ async def run_live(
 
 
 def _closed_port_url() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
+    return f"http://127.0.0.1:{free_port()}"
 
 
 @pytest.fixture(scope="module")

@@ -108,15 +108,27 @@ def test_entry_count_stays_exact_with_shared_blocks() -> None:
     assert len(index) == 0 and index.stats().blocks == 0
 
 
-def _reference_record(
-    blocks: dict[int, dict[str, float]], order: list[int], node: str, hashes: list[int], now: float
-) -> None:
-    """What ``record`` must do, written plainly: touch deepest-first, set this node's time."""
-    for h in reversed(hashes):
-        blocks.setdefault(h, {})[node] = now
-        if h in order:
-            order.remove(h)
-        order.append(h)
+class _PlainIndex:
+    """What ``PrefixIndex.record`` must do, written plainly: touch deepest-first, set this
+    node's time. ``record`` applies a call to both and checks they agree."""
+
+    def __init__(self) -> None:
+        self.index = PrefixIndex(ttl_s=1e9, max_entries=10**6)
+        self.blocks: dict[int, dict[str, float]] = {}
+        self.order: list[int] = []  # least recently touched first
+
+    def record(self, node: str, hashes: list[int], now: float) -> None:
+        self.index.record(node, hashes, now=now)
+        for h in reversed(hashes):
+            self.blocks.setdefault(h, {})[node] = now
+            if h in self.order:
+                self.order.remove(h)
+            self.order.append(h)
+        assert list(self.index._blocks) == self.order
+        for h, holders in self.index._blocks.items():
+            got = {holders[0]: holders[1]} if isinstance(holders, tuple) else dict(holders)
+            assert got == self.blocks[h] and list(got) == list(self.blocks[h])  # holder order too
+        assert len(self.index) == sum(len(v) for v in self.blocks.values())
 
 
 def test_record_matches_plain_model_in_holders_and_lru_order() -> None:
@@ -125,22 +137,14 @@ def test_record_matches_plain_model_in_holders_and_lru_order() -> None:
     import random
 
     rng = random.Random(3)
-    index = PrefixIndex(ttl_s=1e9, max_entries=10**6)
-    blocks: dict[int, dict[str, float]] = {}
-    order: list[int] = []
+    plain = _PlainIndex()
     prompts = [chain(f"p{i}-", 6) for i in range(4)] + [chain("p0-", 3)]
     head = [f" h{i}" for i in range(4 * 16)]
     for step in range(300):
         node, hashes = rng.choice(["n1", "n1", "n1", "n2"]), rng.choice(prompts)
         if step % 3 == 0:  # a shared head and a question of its own: new deepest blocks
             hashes = block_hashes(head + [f" q{step}-{j}" for j in range(rng.randint(1, 40))])
-        index.record(node, hashes, now=float(step))
-        _reference_record(blocks, order, node, hashes, float(step))
-        assert list(index._blocks) == order
-        for h, holders in index._blocks.items():
-            got = {holders[0]: holders[1]} if isinstance(holders, tuple) else dict(holders)
-            assert got == blocks[h]
-        assert len(index) == sum(len(v) for v in blocks.values())
+        plain.record(node, hashes, float(step))
 
 
 def test_record_on_shared_blocks_matches_plain_model() -> None:
@@ -149,18 +153,9 @@ def test_record_on_shared_blocks_matches_plain_model() -> None:
     import random
 
     rng = random.Random(5)
-    index = PrefixIndex(ttl_s=1e9, max_entries=10**6)
-    blocks: dict[int, dict[str, float]] = {}
-    order: list[int] = []
+    plain = _PlainIndex()
     prompts = [chain(f"s{i}-", 8) for i in range(3)] + [chain("s0-", 4)]
     a, b = chain("d-", 2)
     prompts.append([a, b, a, b])
     for step in range(400):
-        node, hashes = f"n{rng.randrange(4)}", rng.choice(prompts)
-        index.record(node, hashes, now=float(step))
-        _reference_record(blocks, order, node, hashes, float(step))
-        assert list(index._blocks) == order
-        for h, holders in index._blocks.items():
-            got = {holders[0]: holders[1]} if isinstance(holders, tuple) else dict(holders)
-            assert got == blocks[h] and list(got) == list(blocks[h])  # holder order too
-        assert len(index) == sum(len(v) for v in blocks.values())
+        plain.record(f"n{rng.randrange(4)}", rng.choice(prompts), float(step))

@@ -90,8 +90,8 @@ def test_spill_is_per_request_and_by_cost(cluster_factory: Factory) -> None:
     owners = {g: c.serve(group_request(g, f"seed{g}")) for g in range(8)}
     hot = owners[0]
     # 512 cached tokens are worth 2 × 512 / 30800 s ≈ 33 ms (this request's prefill and
-    # the work it adds elsewhere); 1200 queued tokens there cost ≈ 47 ms of waiting:
-    # leave. 100 queued tokens (≈ 11 ms): stay.
+    # the work it adds elsewhere); 1200 queued tokens there cost ≈ 39 ms of waiting:
+    # leave. 100 queued tokens (one 8 ms step): stay.
     backlog(c, hot, 1200, "bulk")
     spilled = c.router.route(group_request(0, "q"))
     assert spilled.node_id != hot and spilled.reason == "cost_spill"

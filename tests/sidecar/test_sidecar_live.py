@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from kvgate.procs.ports import free_port
 from kvgate.sidecar.decision import SaturationPolicy
 from kvgate.sidecar.sidecar import Sidecar, SidecarConfig
 from kvgate.store import open_store
@@ -31,12 +31,6 @@ FAST = SaturationPolicy(
     reregister_hold_s=0.6,
     unreachable_after_s=0.4,
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

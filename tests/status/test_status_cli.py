@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -12,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from kvgate.procs.ports import free_port
 from tests.fixtures.engines import start_engine_process
 from tests.fixtures.gateway import GatewayProcess, start_gateway_process
 
@@ -93,9 +93,7 @@ def test_refused_token_exits_non_zero_with_a_clear_message(gateway: GatewayProce
 
 
 def test_unreachable_gateway_exits_non_zero() -> None:
-    with socket.socket() as s:  # a port that was free a moment ago and has no listener
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # free a moment ago: nothing listens there
     result = _status("--gateway", f"http://127.0.0.1:{port}", "--timeout", "2")
     assert result.returncode == 1
     assert "gateway unreachable" in result.stderr

@@ -13,13 +13,14 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from kvgate.admission.config import AdmissionConfig
 from kvgate.admission.core import AdmissionCore
+from kvgate.admission.driver import CoreDriver
 from kvgate.admission.dynamic_quota import DynamicQuota
 from kvgate.admission.metrics import AdmissionMetrics
 from kvgate.admission.queue import QueuedRequest
@@ -41,7 +42,7 @@ def default_gateway_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-class AdmissionController:
+class AdmissionController(CoreDriver):
     def __init__(
         self,
         config: AdmissionConfig,
@@ -153,29 +154,6 @@ class AdmissionController:
             if future.done() and not future.cancelled():
                 await self.release(future.result())
             raise
-
-    async def progress(self, result: AdmissionResult, generated_tokens: int) -> None:
-        pending = self.progress_nowait(result, generated_tokens)
-        if pending is not None:
-            await pending
-
-    def progress_nowait(
-        self, result: AdmissionResult, generated_tokens: int
-    ) -> Coroutine[Any, Any, None] | None:
-        """``progress``'s bookkeeping, done now; the drain it calls for (the first token
-        freed a prefill-gate place), if any, is returned to be awaited."""
-        now = self.clock.now()
-        if self.core.progress_now(result, generated_tokens, now):
-            return self._drain(now)
-        return None
-
-    async def _drain(self, now: float) -> None:
-        for item in await self.core.drain(now):
-            self._resolve(item)
-
-    async def release(self, result: AdmissionResult) -> None:
-        for item in await self.core.release(result, self.clock.now()):
-            self._resolve(item)
 
     def snapshot(self) -> dict[str, Any]:
         snap = self.core.snapshot()

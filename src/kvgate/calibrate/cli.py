@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from kvgate.adapters import ENGINE_TYPES
+from kvgate.cli import UsageError
 
 DESCRIPTION = """\
 Drive a stepped, closed-loop concurrency ramp of streamed completions at one context
@@ -111,23 +112,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="prompt/output-length RNG seed (default 0)")
 
 
-def _check(args: argparse.Namespace) -> str | None:
+def _check(args: argparse.Namespace) -> None:
     if args.context < 2:
-        return "--context must be >= 2"
+        raise UsageError("--context must be >= 2")
     if not 1 <= args.output_tokens < args.context:
-        return "--output-tokens must be >= 1 and below --context"
+        raise UsageError("--output-tokens must be >= 1 and below --context")
     if args.start < 1 or args.max_concurrency < args.start:
-        return "--start must be >= 1 and <= --max-concurrency"
+        raise UsageError("--start must be >= 1 and <= --max-concurrency")
     if args.growth <= 1.0:
-        return "--growth must be > 1"
+        raise UsageError("--growth must be > 1")
     if args.ttft_factor <= 1.0:
-        return "--ttft-factor must be > 1"
+        raise UsageError("--ttft-factor must be > 1")
     if (
         min(args.step_requests, args.max_requests) < 1
         or min(args.step_seconds, args.max_seconds) <= 0
     ):
-        return "--step-requests, --max-requests, --step-seconds, --max-seconds must be > 0"
-    return None
+        raise UsageError(
+            "--step-requests, --max-requests, --step-seconds, --max-seconds must be > 0"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -135,10 +137,7 @@ def run(args: argparse.Namespace) -> int:
     from kvgate.calibrate.knee import KneeRule
     from kvgate.calibrate.ramp import EngineUnreachable
 
-    problem = _check(args)
-    if problem:
-        print(f"kvgate calibrate: {problem}", file=sys.stderr)
-        return 2
+    _check(args)
     config = RampConfig(
         target=args.target.rstrip("/").removesuffix("/v1"),
         engine_type=args.engine_type,

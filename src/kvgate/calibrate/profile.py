@@ -16,6 +16,7 @@ from urllib.parse import quote, unquote
 import yaml
 
 from kvgate.store.keys import ROOT
+from kvgate.yaml_file import read_yaml
 
 CAPACITY_PREFIX = f"{ROOT}/capacity/"
 REQUIRED = (
@@ -104,10 +105,5 @@ def parse_profile_key(key: str) -> tuple[str, str] | None:
 
 
 def load_profile_file(path: str | Path) -> CapacityProfile:
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise ProfileError(f"cannot read {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ProfileError(f"{path}: invalid YAML: {exc}") from None
+    data = read_yaml(path, ProfileError)
     return CapacityProfile.from_dict(data, where=str(path))

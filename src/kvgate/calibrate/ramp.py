@@ -12,7 +12,6 @@ waits for the new workers to settle, then measures for ``step_requests`` complet
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import random
 import statistics
@@ -34,6 +33,7 @@ from kvgate.calibrate.histogram import (
     delta_quantile,
 )
 from kvgate.calibrate.knee import Knee, KneeRule, StepStats, find_knee
+from kvgate.tasks import cancel_all
 from kvgate.types import NodeReport
 
 # Common English words: one token each in the simulated tokenizer and, mostly, in real ones.
@@ -624,11 +624,7 @@ class Ramp:
         finally:
             self._stop = True
             self._target = 0
-            for w in self._workers:
-                w.cancel()
-            for w in self._workers:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await w
+            await cancel_all(self._workers)
         return RampResult(
             config=cfg,
             model=self.model,

@@ -10,12 +10,12 @@ import socket
 import sys
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from kvgate.cli import add_gateway_arguments
+from kvgate.yaml_file import read_yaml
 
 DESCRIPTION = """\
 The effective config (routing, admission with tenants, flags, capacity profiles) is
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> Any:
-    from kvgate.configver import VersionError, diff_documents, prepare_apply
+    from kvgate.configver import VersionError, prepare_apply
     from kvgate.gateway.config import ConfigError
 
     author = _author(args)
@@ -215,14 +215,7 @@ def _dispatch(args: argparse.Namespace) -> Any:
             else:
 
                 async def show(vs: Any) -> Any:
-                    n = args.version
-                    if n is None:
-                        act = await vs.activation()
-                        if act is None:
-                            raise VersionError("no active config version")
-                        n = act.version
-                    v = await vs.get(n)
-                    return {**v.header(), "document": v.document, "diff": v.diff}
+                    return (await vs.resolve(args.version)).detail()
 
                 res = _run_store(args.store, show)
             if args.json:
@@ -240,24 +233,7 @@ def _dispatch(args: argparse.Namespace) -> Any:
                 )
                 res = http.call("GET", "/admin/config/diff" + (f"?{q}" if q else ""))
             else:
-
-                async def diff(vs: Any) -> Any:
-                    to = args.to
-                    if to is None:
-                        act = await vs.activation()
-                        if act is None:
-                            raise VersionError("no config versions yet")
-                        to = act.version
-                    target = await vs.get(to)
-                    frm = args.frm if args.frm is not None else target.parent
-                    base = await vs.get(frm) if frm is not None else None
-                    return {
-                        "from": frm,
-                        "to": to,
-                        "diff": diff_documents(base.document if base else None, target.document),
-                    }
-
-                res = _run_store(args.store, diff)
+                res = _run_store(args.store, lambda vs: vs.changes(args.frm, args.to))
             if args.json:
                 return res
             return f"version {res['from']} -> {res['to']}\n" + (
@@ -271,12 +247,7 @@ def _dispatch(args: argparse.Namespace) -> Any:
 
 
 def _read_yaml(path: str) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise CommandError(f"cannot read {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise CommandError(f"{path}: invalid YAML: {exc}") from None
+    data = read_yaml(path, CommandError)
     if not isinstance(data, dict):
         raise CommandError(f"{path}: the top level must be a mapping")
     return data

@@ -26,6 +26,7 @@ from kvgate.configver.document import document_of, validate_document
 from kvgate.configver.versions import ACTIVE_KEY, ConfigVersion, VersionStore
 from kvgate.gateway.config import ConfigError, GatewayConfig
 from kvgate.store.keys import TOTAL_QUOTA, tenant_quota_key
+from kvgate.tasks import cancel_all
 
 log = logging.getLogger("kvgate.configver")
 
@@ -94,11 +95,7 @@ class ConfigReloader:
         ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_all(self._tasks)
         self._tasks = []
 
     async def _watch(self) -> None:

@@ -65,6 +65,10 @@ class ConfigVersion:
             "changes": len(self.diff),
         }
 
+    def detail(self) -> dict[str, Any]:
+        """The header with the whole document and the diff against the parent."""
+        return {**self.header(), "document": self.document, "diff": self.diff}
+
 
 @dataclass(frozen=True, slots=True)
 class Activation:
@@ -125,6 +129,28 @@ class VersionStore:
     async def activation(self) -> Activation | None:
         text = await self.store.get(ACTIVE_KEY)
         return Activation.from_json(text) if text else None
+
+    async def resolve(
+        self, n: int | None, *, no_active: str = "no active config version"
+    ) -> ConfigVersion:
+        """Version ``n``, or (``None``) the active one; ``no_active`` is the error when
+        there is none."""
+        if n is None:
+            act = await self.activation()
+            if act is None:
+                raise VersionError(no_active)
+            n = act.version
+        return await self.get(n)
+
+    async def changes(self, frm: int | None, to: int | None) -> dict[str, Any]:
+        """The diff from ``frm`` (default: the target's parent) to ``to`` (default: the
+        active version)."""
+        target = await self.resolve(to, no_active="no config versions yet")
+        if frm is None:
+            frm = target.parent
+        base = await self.get(frm) if frm is not None else None
+        lines = diff_documents(base.document if base else None, target.document)
+        return {"from": frm, "to": target.version, "diff": lines}
 
     async def active(self) -> ConfigVersion | None:
         act = await self.activation()
@@ -198,12 +224,9 @@ class VersionStore:
     async def mark_baseline(self, name: str, *, by: str, version: int | None = None) -> int:
         if not name or "/" in name:
             raise VersionError("baseline name must be non-empty and contain no '/'")
-        if version is None:
-            act = await self.activation()
-            if act is None:
-                raise VersionError("no active config version to mark")
-            version = act.version
-        await self.get(version)
+        version = (
+            await self.resolve(version, no_active="no active config version to mark")
+        ).version
         value = json.dumps({"version": version, "by": by, "at": time.time()})
         await self.store.put(f"{BASELINES_PREFIX}{name}", value)
         return version

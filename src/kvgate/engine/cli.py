@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from kvgate.engine.profiles import PROFILES, get_profile
 from kvgate.engine.server import EngineServer
 from kvgate.kv_events.publisher import KvEventPublisher, offset_endpoint
 from kvgate.kv_events.tokenizer import PromptHasher
+from kvgate.tasks import stop_on_signals
 
 log = logging.getLogger("kvgate.engine")
 
@@ -179,10 +179,7 @@ async def _serve(args: argparse.Namespace) -> int:
             tmp = Path(args.port_file + ".tmp")
             tmp.write_text("".join(f"{port}\n" for port in bound))
             os.replace(tmp, args.port_file)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        stop = stop_on_signals()
         await stop.wait()
         log.info("engine-sim: shutting down")
         for server in servers:

@@ -9,7 +9,6 @@ events.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -31,6 +30,7 @@ from kvgate.kv_events.publisher import KvEventPublisher
 from kvgate.kv_events.tokenizer import PromptHasher
 from kvgate.kv_events.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from kvgate.prompts import PromptError, completion_prompt, render_chat
+from kvgate.tasks import cancel_and_wait
 from kvgate.tokens import block_hashes, tokenize
 
 log = logging.getLogger(__name__)
@@ -180,11 +180,8 @@ class EngineServer:
         self._driver = asyncio.create_task(self._drive())
 
     async def stop(self) -> None:
-        if self._driver is not None:
-            self._driver.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._driver
-            self._driver = None
+        await cancel_and_wait(self._driver)
+        self._driver = None
         if self.publisher is not None:
             await self.publisher.stop()
 

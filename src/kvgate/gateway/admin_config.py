@@ -25,7 +25,6 @@ from kvgate.calibrate.profile import CAPACITY_PREFIX
 from kvgate.configver import (
     VersionError,
     VersionStore,
-    diff_documents,
     prepare_apply,
 )
 from kvgate.configver.live import ConfigReloader, apply_quota_value
@@ -36,6 +35,7 @@ from kvgate.gateway.config import ConfigError, GatewayConfig
 from kvgate.gateway.errors import ApiError
 from kvgate.gateway.gateway import GATEWAY
 from kvgate.store.keys import TOTAL_QUOTA
+from kvgate.tasks import cancel_all
 
 log = logging.getLogger("kvgate.gateway.config")
 
@@ -140,11 +140,7 @@ class _CapacitySync:
         self._tasks = [asyncio.create_task(self._loop()), asyncio.create_task(self._watch())]
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_all(self._tasks)
 
     async def sync(self) -> None:
         total = self.book.total(self.gateway.nodes.list())
@@ -239,46 +235,27 @@ async def get_version(request: web.Request) -> web.Response:
     _, versions = _versions(request)
     raw = request.match_info["version"]
     try:
-        if raw == "active":
-            act = await versions.activation()
-            if act is None:
-                raise ApiError(404, "no active config version", code="version_not_found")
-            n = act.version
-        else:
-            n = _int(raw, "version")
-        version = await versions.get(n)
+        version = await versions.resolve(None if raw == "active" else _int(raw, "version"))
     except VersionError as exc:
         raise ApiError(404, str(exc), code="version_not_found") from None
     except ConnectionError as exc:
         raise _store_down(exc) from None
-    return web.json_response(
-        {**version.header(), "document": version.document, "diff": version.diff}
-    )
+    return web.json_response(version.detail())
 
 
 async def get_diff(request: web.Request) -> web.Response:
     _, versions = _versions(request)
+    query = request.query
     try:
-        act = await versions.activation()
-        to = (
-            _int(request.query["to"], "to")
-            if "to" in request.query
-            else (act.version if act else None)
+        changes = await versions.changes(
+            _int(query["from"], "from") if "from" in query else None,
+            _int(query["to"], "to") if "to" in query else None,
         )
-        if to is None:
-            raise ApiError(404, "no config versions yet", code="version_not_found")
-        target = await versions.get(to)
-        if "from" in request.query:
-            frm: int | None = _int(request.query["from"], "from")
-        else:
-            frm = target.parent
-        base = await versions.get(frm) if frm is not None else None
     except VersionError as exc:
         raise ApiError(404, str(exc), code="version_not_found") from None
     except ConnectionError as exc:
         raise _store_down(exc) from None
-    lines = diff_documents(base.document if base else None, target.document)
-    return web.json_response({"from": frm, "to": to, "diff": lines})
+    return web.json_response(changes)
 
 
 async def apply_config(request: web.Request) -> web.Response:

@@ -177,9 +177,8 @@ async def _serve_workers(
     reserved: socket.socket | None = None,
 ) -> None:
     """One decision owner (this process) and ``workers`` proxy processes on one port."""
-    import signal
-
     from kvgate.gateway.workers import WorkerSet
+    from kvgate.tasks import stop_on_signals
 
     group = WorkerSet(
         app,
@@ -190,10 +189,7 @@ async def _serve_workers(
         log_level=level,
         reserved=reserved,
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     try:
         bound = await group.start()
         logging.getLogger("kvgate.gateway").info(
@@ -210,12 +206,11 @@ async def _serve_workers(
 async def _serve(
     app: Any, host: str, port: int, port_file: str | None, *, sock: socket.socket | None = None
 ) -> None:
-    import signal
-
     from aiohttp import web
 
     from kvgate.gateway.app import GATEWAY
     from kvgate.gateway.front import start_site
+    from kvgate.tasks import stop_on_signals
 
     # handler_cancellation: a client that leaves cancels its handler, so the upstream
     # request and any admission-queue entry go with it
@@ -235,10 +230,7 @@ async def _serve(
     if port_file:
         with open(port_file, "w") as f:
             f.write(str(bound))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     try:
         await stop.wait()
     finally:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvgate.adapters import ENGINE_TYPES
@@ -16,6 +15,7 @@ from kvgate.kv_events.config import EVENT_ENGINE_TYPES, KvEventsConfig, NodeEven
 from kvgate.pipeline.config import PipelineConfig
 from kvgate.routing.config import RoutingConfig
 from kvgate.types import NodeSpec
+from kvgate.yaml_file import read_yaml
 
 
 class ConfigError(ValueError):
@@ -174,14 +174,7 @@ def load_config(path: str | Path | None) -> dict[str, Any]:
     """Read the YAML file into a plain dict (validated later, after CLI overrides)."""
     if path is None:
         return {}
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+    data = read_yaml(path, ConfigError, "config file ")
     if data is None:
         return {}
     if not isinstance(data, dict):

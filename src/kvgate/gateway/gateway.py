@@ -169,16 +169,12 @@ class Gateway:
             self.add_node(node.spec(model), "config")
             if node.kv_events is not None:
                 self.kv_events.add(node.id, node.kv_events, node.engine_type)
-        self.proxy = Proxy(
+        self.proxy = Proxy.configured(
+            self.config,
             session=self.session,
             pipeline=self.pipeline,
             node_url=self.node_url,
             metrics=self.metrics,
-            upstream_timeout_s=server.upstream_timeout_s,
-            first_byte_timeout_s=server.first_byte_timeout_s,
-            idle_timeout_s=server.idle_timeout_s,
-            probe_timeout_s=self.config.pipeline.outlier.probe_timeout_s,
-            progress_batch_tokens=server.progress_batch_tokens,
         )
         self.scraper = Scraper(
             session=self.session,

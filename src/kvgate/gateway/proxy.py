@@ -36,6 +36,7 @@ import aiohttp
 from aiohttp import web
 
 from kvgate.gateway.bytepath import SseRelay, strip_null_usage
+from kvgate.gateway.config import GatewayConfig
 from kvgate.gateway.errors import ApiError, sse_error_event
 from kvgate.gateway.metrics import GatewayMetrics
 from kvgate.gateway.upstream import Exchange, Head, UpstreamError, UpstreamPool
@@ -173,6 +174,30 @@ class Proxy:
         self.pool = UpstreamPool(connect_timeout_s=session.timeout.sock_connect or 3.0)
         # one health check per engine at a time, shared by every attempt waiting on it
         self._health: dict[str, tuple[float, asyncio.Future[bool]]] = {}
+
+    @classmethod
+    def configured(
+        cls,
+        config: GatewayConfig,
+        *,
+        session: aiohttp.ClientSession,
+        pipeline: Decisions,
+        node_url: Callable[[str], str | None],
+        metrics: GatewayMetrics,
+    ) -> Proxy:
+        """A proxy with ``config``'s timeouts and progress batching (owner and workers)."""
+        server = config.server
+        return cls(
+            session=session,
+            pipeline=pipeline,
+            node_url=node_url,
+            metrics=metrics,
+            upstream_timeout_s=server.upstream_timeout_s,
+            first_byte_timeout_s=server.first_byte_timeout_s,
+            idle_timeout_s=server.idle_timeout_s,
+            probe_timeout_s=config.pipeline.outlier.probe_timeout_s,
+            progress_batch_tokens=server.progress_batch_tokens,
+        )
 
     async def forward(self, call: Call, request: web.Request | None) -> web.StreamResponse:
         """Dispatch with retries; ``request`` is None for background (async job) calls."""

@@ -41,6 +41,7 @@ from kvgate.gateway.proxy import Call, Proxy
 from kvgate.gateway.remote import RemoteFlow, RemotePipeline
 from kvgate.kv_events.hub import KvEventHub
 from kvgate.routing.node_view import NodeView
+from kvgate.tasks import stop_on_signals
 
 log = logging.getLogger("kvgate.gateway.worker")
 METRICS_PUSH_S = 1.0
@@ -129,16 +130,12 @@ class WorkerGateway:
         self.owner_session = aiohttp.ClientSession(
             connector=aiohttp.UnixConnector(path=self.owner_http), auto_decompress=False
         )
-        self.proxy = Proxy(
+        self.proxy = Proxy.configured(
+            self.config,
             session=self.session,
             pipeline=self.pipeline,
             node_url=self.urls.get,
             metrics=self.metrics,
-            upstream_timeout_s=server.upstream_timeout_s,
-            first_byte_timeout_s=server.first_byte_timeout_s,
-            idle_timeout_s=server.idle_timeout_s,
-            probe_timeout_s=self.config.pipeline.outlier.probe_timeout_s,
-            progress_batch_tokens=server.progress_batch_tokens,
         )
         await self.client.connect(self.owner_ipc)
         await self.refresh_models()
@@ -270,10 +267,7 @@ async def _run(args: argparse.Namespace) -> None:
     await start_site(runner, lean=server.lean_front, max_body=server.max_body_bytes, sock=sock)
     with open(args.ready_file, "w") as f:
         f.write(str(os.getpid()))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     try:
         await stop.wait()
     finally:

@@ -9,7 +9,6 @@ buffered batch from ``start_seq`` on, then the end marker (see ``wire``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -19,6 +18,7 @@ import zmq
 import zmq.asyncio
 
 from kvgate.kv_events.wire import END_SEQ, KVEvent, KVEventBatch, encode_batch, seq_to_bytes
+from kvgate.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -115,11 +115,8 @@ class KvEventPublisher:
             await router.send_multipart((ident, b"", END_SEQ, b""))
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         for sock in (self._pub, self._router):
             if sock is not None:
                 sock.close(linger=0)

@@ -11,11 +11,13 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from kvgate.kv_events.index import PreciseIndex
 from kvgate.kv_events.metrics import KvEventMetrics
-from kvgate.types import RouteRequest
+
+if TYPE_CHECKING:  # a runtime import would circle back through kvgate.routing's policies
+    from kvgate.routing.cache_signal import CacheSignal
 
 
 @dataclass(slots=True)
@@ -40,16 +42,6 @@ def signal_for(node_view: object) -> PreciseSignal | None:
     return _BOUND.get(node_view)
 
 
-class _Matcher(Protocol):
-    def match(
-        self,
-        block_hashes: Sequence[int],
-        now: float,
-        nodes: Iterable[str] | None = None,
-        max_age_s: float | None = None,
-    ) -> dict[str, int]: ...
-
-
 # How long the gateway's own dispatch of a prefix to a synced node stands in for the
 # engine's event: blocks just sent are not cached yet (prefill runs, events travel), but
 # a request routed now will find them there. Above the live event lag p99 seen (< 0.3 s).
@@ -57,33 +49,40 @@ PENDING_S = 1.0
 
 
 class CombinedSignal:
-    """A router cache signal (``PrefixIndex.match`` shape): the engines' events for nodes
-    whose stream is synced, the approximate index for the others.
+    """A router cache signal (``CacheSignal``): the engines' events for nodes whose stream
+    is synced, the approximate index for the others.
 
-    For a router that takes its cache signal as one object. With engine tokenizers
-    configured, the precise half must be asked with the engine's hashes
-    (``RouteRequest.engine_block_hashes``): use ``match_request``.
+    With engine tokenizers configured, the precise half is asked with the engine's own
+    hashes of the request (``RouteRequest.engine_block_hashes``): one signal per request.
     """
 
     def __init__(
-        self, precise: PreciseIndex, approximate: _Matcher, pending_s: float = PENDING_S
+        self,
+        precise: PreciseIndex,
+        approximate: CacheSignal,
+        pending_s: float = PENDING_S,
+        engine_block_hashes: Sequence[int] | None = None,
     ) -> None:
         self.precise = precise
         self.approximate = approximate
         self.pending_s = pending_s
+        self.engine_block_hashes = engine_block_hashes
 
     def match(
         self,
         block_hashes: Sequence[int],
         now: float,
         nodes: Iterable[str] | None = None,
-        engine_block_hashes: Sequence[int] | None = None,
+        max_age_s: float | None = None,
     ) -> dict[str, int]:
+        """``CacheSignal.match``; ``max_age_s`` is not used: events say what is cached now,
+        and the approximate half keeps its own TTL."""
         synced = self.precise.synced_nodes()
         wanted = None if nodes is None else set(nodes)
         exact = synced if wanted is None else synced & wanted
+        engine = self.engine_block_hashes
         result = self.precise.match(
-            engine_block_hashes if engine_block_hashes is not None else block_hashes, now, exact
+            engine if engine is not None else block_hashes, now, exact
         ) if exact else {}  # fmt: skip
         if exact and self.pending_s > 0:
             # prefixes dispatched to a synced node whose events have not arrived yet
@@ -97,8 +96,3 @@ class CombinedSignal:
                 if node not in exact:
                     result[node] = n
         return result
-
-    def match_request(
-        self, req: RouteRequest, now: float, nodes: Iterable[str] | None = None
-    ) -> dict[str, int]:
-        return self.match(req.block_hashes, now, nodes, req.engine_block_hashes)

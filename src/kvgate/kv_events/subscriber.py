@@ -17,7 +17,6 @@ Lag is measured as wall time at apply minus the batch's ``ts`` (the engine's wal
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import OrderedDict, deque
@@ -39,6 +38,7 @@ from kvgate.kv_events.wire import (
     seq_from_bytes,
     seq_to_bytes,
 )
+from kvgate.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 _RECENT = 4096  # applied (seq → payload hash) kept to tell duplicates from restarts
@@ -90,11 +90,8 @@ class KvEventSubscriber:
         self._task = asyncio.create_task(self._run(), name=f"kv-events-{self.node_id}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         if self._sub is not None:
             self._sub.close(linger=0)
             self._sub = None

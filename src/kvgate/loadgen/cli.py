@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import sys
 import time
@@ -19,8 +18,9 @@ from typing import Any
 
 import aiohttp
 
-from kvgate.cli import add_slo_arguments
+from kvgate.cli import UsageError, add_slo_arguments
 from kvgate.loadgen.runner import BenchProgress, BenchResult, arrival_scale_for_rate, run_bench
+from kvgate.tasks import cancel_and_wait
 from kvgate.workloads import WORKLOAD_NAMES, Workload, generate_workload
 
 
@@ -153,10 +153,7 @@ class _Display:
         self._task = asyncio.create_task(self._rich() if self.tty else self._plain())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         if not self.tty:
             print(f"{self.title}: finished {self.line()}", file=sys.stderr)
 
@@ -208,33 +205,28 @@ def summarize_result(
     return summary
 
 
-def _validate(args: argparse.Namespace) -> str | None:
+def _validate(args: argparse.Namespace) -> None:
     if args.rate is not None and args.rate <= 0:
-        return "--rate must be > 0"
+        raise UsageError("--rate must be > 0")
     if args.concurrency is not None and args.concurrency < 1:
-        return "--concurrency must be >= 1"
+        raise UsageError("--concurrency must be >= 1")
     if args.requests is not None and args.requests < 1:
-        return "--requests must be >= 1"
+        raise UsageError("--requests must be >= 1")
     if args.duration is not None and args.duration <= 0:
-        return "--duration must be > 0"
+        raise UsageError("--duration must be > 0")
     if args.time_scale <= 0:
-        return "--time-scale must be > 0"
-    return None
+        raise UsageError("--time-scale must be > 0")
 
 
 def run(args: argparse.Namespace) -> int:
     from kvgate.report.summary import parse_class_slos
 
-    error = _validate(args)
-    if error:
-        print(f"kvgate bench: {error}", file=sys.stderr)
-        return 2
+    _validate(args)
     try:
         workload = build_workload(args)
         class_slos = parse_class_slos(args.class_slo)
     except ValueError as exc:
-        print(f"kvgate bench: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from None
     try:
         result = asyncio.run(bench_once(args, workload, title=f"bench {args.workload}"))
     except (OSError, RuntimeError, aiohttp.ClientError) as exc:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import tempfile
 import time
@@ -39,15 +38,21 @@ class ProcessHandle:
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM and wait; SIGKILL if it does not exit in time."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        terminate(self.process, timeout)
         if self._tmpdir is not None:
             self._tmpdir.cleanup()
             self._tmpdir = None
+
+
+def terminate(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """SIGTERM and wait; SIGKILL if it does not exit in time (nothing if it has ended)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 def discard(proc: subprocess.Popen[bytes], tmp: tempfile.TemporaryDirectory[str]) -> None:

@@ -10,11 +10,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from kvgate.procs.handle import terminate
+from kvgate.procs.ports import free_port
 
 
 def _port_open(port: int) -> bool:
@@ -67,13 +64,8 @@ class Server:
         raise TimeoutError(f"{self.scheme} server not ready in {timeout}s: {self.log()}")
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        if self.process is not None:
+            terminate(self.process)
 
     def log(self) -> str:
         path = self.workdir / f"{self.scheme}.log"

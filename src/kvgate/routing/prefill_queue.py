@@ -6,7 +6,7 @@ dispatch adds its *uncached* prompt tokens (prompt − expected cached) to the n
 queue, which drains at the node's prefill rate (engines prefill first come, first
 served, in chunks). So the queue is a "busy until" time per node:
 
-    busy_until = max(busy_until, now) + uncached / prefill_rate + step_s
+    busy_until = max(busy_until, now) + max(step_s, uncached / prefill_rate)
 
 and the expected queueing delay of a request arriving now is ``busy_until − now``.
 Observations re-anchor it: when a request is seen past its prefill (its first tokens
@@ -33,7 +33,10 @@ class PrefillModel:
     step_s: float  # one engine step with the decode batch riding along
 
     def prefill_s(self, uncached_tokens: int) -> float:
-        return self.step_s + max(0, uncached_tokens) / self.tokens_per_s
+        """One step or the prompt's compute, whichever is longer: a step's fixed cost
+        (weights and the decode batch's KV read from memory) overlaps its compute
+        (the roofline), so the two do not add — a 200-token prefill takes one step."""
+        return max(self.step_s, max(0, uncached_tokens) / self.tokens_per_s)
 
 
 class PrefillQueue:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 from typing import Any
 
@@ -14,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from kvgate.adapters import ENGINE_TYPES
 from kvgate.sidecar.decision import SaturationPolicy
 from kvgate.sidecar.sidecar import Sidecar, SidecarConfig
+from kvgate.tasks import stop_on_signals
 
 log = logging.getLogger("kvgate.sidecar")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -204,10 +204,7 @@ async def _main(config: SidecarConfig, store_url: str, args: argparse.Namespace)
     store = open_store(store_url)
     registry = CollectorRegistry()
     sidecar = Sidecar(config, store, registry=registry)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     runner = None
     if args.metrics_port is not None:
         runner = await _serve_metrics(registry, args.metrics_host, args.metrics_port)

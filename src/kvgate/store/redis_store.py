@@ -302,9 +302,13 @@ class RedisStore(Store):
                 gateway_id,
                 epoch,
             ]
-            ok, reason = await self._call(
-                lambda: self._reserve(keys=[USED, GUARANTEED, gw, GATEWAYS, lease], args=args)
-            )
+            try:
+                ok, reason = await self._call(
+                    lambda: self._reserve(keys=[USED, GUARANTEED, gw, GATEWAYS, lease], args=args)
+                )
+            except asyncio.CancelledError:  # the script may have run: count ``_held`` again
+                self._stale.add(gateway_id)
+                raise
             if int(ok):
                 self._hold(gateway_id, tenant, tokens)
         return ReserveOutcome(bool(int(ok)), str(reason)), epoch
@@ -317,22 +321,33 @@ class RedisStore(Store):
             delta = -min(-delta, self._held.get(gateway_id, {}).get(tenant, 0))
         if not delta:
             return
+        held = False
         try:
-            await self._ensure_lease(gateway_id)
-        except StoreUnavailable:
-            self._hold(gateway_id, tenant, delta)
-            self._stale.add(gateway_id)  # reconciled when the store is back
-            return
-        async with self._gate(gateway_id).shared():
-            self._hold(gateway_id, tenant, delta)
-            epoch = self._epoch[gateway_id]
-            script = self._adjust if delta > 0 else self._release
-            args: list[Any] = [tenant, abs(delta), epoch]
             try:
-                done = await self._call(lambda: script(keys=[USED, gw, lease], args=args))
+                await self._ensure_lease(gateway_id)
             except StoreUnavailable:
-                self._stale.add(gateway_id)
+                self._hold(gateway_id, tenant, delta)
+                self._stale.add(gateway_id)  # reconciled when the store is back
                 return
+            async with self._gate(gateway_id).shared():
+                self._hold(gateway_id, tenant, delta)
+                held = True
+                epoch = self._epoch[gateway_id]
+                script = self._adjust if delta > 0 else self._release
+                args: list[Any] = [tenant, abs(delta), epoch]
+                try:
+                    done = await self._call(lambda: script(keys=[USED, gw, lease], args=args))
+                except StoreUnavailable:
+                    self._stale.add(gateway_id)
+                    return
+        except asyncio.CancelledError:
+            # The caller was cancelled (a client that left cancels its handler, release
+            # included) and will not write again: the change stands in ``_held`` and the
+            # next heartbeat re-registers it, whether or not the script ran.
+            if not held:
+                self._hold(gateway_id, tenant, delta)
+            self._stale.add(gateway_id)
+            raise
         if int(done) < 0:
             self.health.fenced_ops += 1
             await self._reacquire_quietly(gateway_id, epoch)

@@ -16,31 +16,10 @@ the state each decision was made on.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-
 from kvgate.kv_events.signal import CombinedSignal, signal_for
 from kvgate.routing.cache_signal import CacheSignal
 from kvgate.routing.policies.base import Policy, RoutingContext
 from kvgate.types import RouteDecision, RouteRequest
-
-
-class _RequestSignal:
-    """The combined signal for one request: precise nodes are asked with its engine hashes."""
-
-    __slots__ = ("combined", "engine_hashes")
-
-    def __init__(self, combined: CombinedSignal, engine_hashes: Sequence[int] | None) -> None:
-        self.combined = combined
-        self.engine_hashes = engine_hashes
-
-    def match(
-        self,
-        block_hashes: Sequence[int],
-        now: float,
-        nodes: Iterable[str] | None = None,
-        max_age_s: float | None = None,
-    ) -> dict[str, int]:
-        return self.combined.match(block_hashes, now, nodes, engine_block_hashes=self.engine_hashes)
 
 
 class PrecisePolicy:
@@ -62,7 +41,7 @@ class PrecisePolicy:
         else:
             state = "mixed"
         bound.metrics.decisions.labels(state).inc()
-        signal = _RequestSignal(CombinedSignal(bound.index, ctx.cache), req.engine_block_hashes)
+        signal = CombinedSignal(bound.index, ctx.cache, engine_block_hashes=req.engine_block_hashes)
         return signal, state
 
     def choose(self, req: RouteRequest, ctx: RoutingContext) -> RouteDecision:

@@ -41,6 +41,11 @@ class Placements:
         """Live prefixes (route keys) last dispatched to the node."""
         return self._per_node.get(node_id, 0)
 
+    def counts(self, node_ids: list[str]) -> list[int]:
+        """``count`` of each node, in order."""
+        get = self._per_node.get
+        return [get(n, 0) for n in node_ids]
+
     def forget(self, node_id: str) -> None:
         for key in [k for k, (n, _) in self._keys.items() if n == node_id]:
             del self._keys[key]

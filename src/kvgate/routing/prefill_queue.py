@@ -54,6 +54,18 @@ class PrefillQueue:
         value, at = self._traffic.get(node_id, (0.0, now))
         return value * math.exp(-(now - at) / self.traffic_window_s)
 
+    def traffics(self, node_ids: list[str], now: float) -> dict[str, float]:
+        """``traffic`` of each node, in one pass (a new prefix's placement reads them all)."""
+        get = self._traffic.get
+        exp = math.exp
+        window = self.traffic_window_s
+        out: dict[str, float] = {}
+        for n in node_ids:
+            held = get(n)
+            # a node with no traffic yet: 0.0, as traffic() computes it (0.0 × exp(0))
+            out[n] = 0.0 if held is None else held[0] * exp(-(now - held[1]) / window)
+        return out
+
     def delay(self, node_id: str, now: float) -> float:
         """Seconds a request dispatched now would wait before its own prefill starts."""
         return max(0.0, self._busy_until.get(node_id, now) - now)

@@ -301,7 +301,7 @@ class ClusterSim:
             if ev.kind == EventKind.FIRST_TOKEN:
                 live.first_token = ev.time
                 live.cached = ev.cached_tokens
-                run_now(self.pipeline.progress(live.flow, 1))
+                self._progress(live.flow, 1)
                 if self.forecast is not None:
                     self.forecast.observe_hit(ev.time, live.prompt.prompt_tokens, ev.cached_tokens)
             elif ev.kind == EventKind.FINISHED:
@@ -310,6 +310,13 @@ class ClusterSim:
                 self._fail(live, ev.time, 502, "engine_failed")
         if wake:
             self._schedule_wake(node_id)
+
+    def _progress(self, flow: Flow, generated_tokens: int) -> None:
+        """``pipeline.progress`` run now; a coroutine is made only when admission has to
+        drain its queue (two per request otherwise)."""
+        pending = self.pipeline.progress_nowait(flow, generated_tokens)
+        if pending is not None:
+            run_now(pending)
 
     # -- request life ------------------------------------------------------------------
     def _arrive(self, item: WorkItem, now: float) -> None:
@@ -416,7 +423,7 @@ class ClusterSim:
             rec.tpot = (t - live.first_token) / (output_tokens - 1)
         flow = live.flow
         assert flow.decision is not None
-        run_now(self.pipeline.progress(flow, output_tokens))
+        self._progress(flow, output_tokens)
         self.pipeline.attempt_done(
             flow,
             flow.decision,
@@ -560,8 +567,10 @@ class ClusterSim:
         # CPython's cyclic GC would rescan them all every few thousand allocations
         # (about half the simulator's time on large clusters). Nothing here makes cycles
         # worth collecting mid-run, so collect rarely and restore the settings after.
+        # (Young generations only before freezing: a full collection walks the whole
+        # workload, a quarter of a second on a large one, for garbage that is rare here.)
         thresholds = gc.get_threshold()
-        gc.collect()
+        gc.collect(1)
         gc.freeze()
         gc.set_threshold(200_000, 50, 1000)
         try:

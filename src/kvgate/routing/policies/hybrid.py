@@ -59,14 +59,14 @@ def place_new_prefix(
     near = [n for n, s in scores.items() if s >= best - slack]
     # a node already carrying a hot prefix (well above the mean recent traffic) takes no
     # new one: prefix counts alone would give it as many prefixes as any other node
-    traffic_all = {n: ctx.queue.traffic(n, ctx.now) for n in near}
+    traffic_all = ctx.queue.traffics(near, ctx.now)
     mean = sum(traffic_all.values()) / len(near)
     calm = [n for n in near if traffic_all[n] <= HOT_TRAFFIC * mean + 1.0]
     near = calm or near
-    count = ctx.placements.count
-    fewest = min(count(n) for n in near)
-    near = [n for n in near if count(n) == fewest]
-    traffic = {n: ctx.queue.traffic(n, ctx.now) for n in near}
+    counts = ctx.placements.counts(near)
+    fewest = min(counts)
+    near = [n for n, c in zip(near, counts, strict=True) if c == fewest]
+    traffic = {n: traffic_all[n] for n in near}
     least = min(traffic.values())
     quiet = [n for n in near if traffic[n] <= least + 0.5]
     for n in home:

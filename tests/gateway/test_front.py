@@ -252,3 +252,27 @@ def dechunk(body: bytes) -> bytes:
             return out
         out += body[eol + 2 : eol + 2 + size]
         pos = eol + 2 + size + 2
+
+
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "aiohttp"])
+async def test_client_that_leaves_during_the_body_is_counted_alike(
+    engine_url: str, lean: bool
+) -> None:
+    """aiohttp runs the handler once the head is in: a client that leaves mid-body is a
+    cancelled request (499), and the lean front answers for it the same way."""
+    async with running_gateway(config(engine_url, lean_front=lean)) as gw:
+        _, writer = await connect(gw)
+        whole = post(CHAT, chat(False))
+        writer.write(whole[: len(whole) - 10])
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.close()
+        registry = gw.gateway.registry
+        labels = {"endpoint": CHAT, "status": "499"}
+        for _ in range(100):
+            if registry.get_sample_value("kvgate_requests_total", labels):
+                break
+            await asyncio.sleep(0.02)
+        assert registry.get_sample_value("kvgate_requests_total", labels) == 1.0
+        assert gw.gateway.metrics.inflight._value.get() == 0
+        assert counts(gw) == (0.0, 0.0)

@@ -25,7 +25,7 @@ import logging
 import re
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from aiohttp import ClientConnectionResetError, HttpVersion11, web
 from aiohttp.base_protocol import BaseProtocol
@@ -52,6 +52,7 @@ _NOT_PLAIN = frozenset(
 _MAX_HEADERS = 100  # aiohttp refuses more than 128
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_Parsed = tuple["_Route", CIMultiDictProxy[str], int, int]  # route, headers, body at, length
 
 
 class _Route:
@@ -130,6 +131,7 @@ class FrontRequest:
         "_writer",
         "app",
         "content_length",
+        "gone",
         "headers",
         "match_info",
         "path",
@@ -155,6 +157,7 @@ class FrontRequest:
         self.content_length = len(body)
         self.transport = conn.transport
         self._body = body
+        self.gone = False
         self._state: dict[Any, Any] = {}
         self._conn = conn
         self._writer: StreamWriter | None = None
@@ -167,6 +170,8 @@ class FrontRequest:
         return self._writer
 
     async def read(self) -> bytes:
+        if self.gone:  # the client left before its body was in (as a cancelled handler)
+            raise asyncio.CancelledError
         return self._body
 
     def open_stream(self, headers: dict[str, str], first: bytes) -> FrontStream | None:
@@ -301,6 +306,8 @@ class FrontConnection(BaseProtocol):
             self._keepalive = None
         if self.task is not None:  # the client left: its handler goes (and all it started)
             self.task.cancel()
+        elif self._buf:
+            self._left_during_body()
 
     def data_received(self, data: bytes) -> None:
         self._buf = self._buf + data if self._buf else data
@@ -313,35 +320,52 @@ class FrontConnection(BaseProtocol):
 
     # -- requests -------------------------------------------------------------------------
     def _next(self) -> None:
+        head = self._head()
+        if head is None:
+            return  # more of the head is on its way
+        if not isinstance(head, tuple):
+            self._handover()
+            return
+        route, headers, start, length = head
         buf = self._buf
-        line_end = buf.find(b"\r\n")
-        if line_end < 0:
-            if len(buf) > _MAX_HEAD:
-                self._handover()
-            return
-        route = self.front.routes.get(buf[:line_end])
-        if route is None or self.front.closing:
-            self._handover()
-            return
-        end = buf.find(b"\r\n\r\n", line_end)
-        if end < 0:
-            if len(buf) > _MAX_HEAD:
-                self._handover()
-            return
-        if end > _MAX_HEAD:
-            self._handover()
-            return
-        plain = _plain(buf[line_end + 2 : end + 2])
-        if plain is None or plain[1] > self.front.max_body:
-            self._handover()
-            return
-        headers, length = plain
-        start = end + 4
         if len(buf) < start + length:
             return  # the rest of the body is on its way
         body = buf[start : start + length]
         self._buf = buf[start + length :]
         request = FrontRequest(self, route, headers, body)
+        self.task = self._loop.create_task(self._serve(request, route))
+
+    def _head(self) -> _Parsed | Literal[False] | None:
+        """(route, headers, body start, body length) of the buffered request's head;
+        None while it is incomplete; False for a request that is aiohttp's."""
+        buf = self._buf
+        line_end = buf.find(b"\r\n")
+        if line_end < 0:
+            return False if len(buf) > _MAX_HEAD else None
+        route = self.front.routes.get(buf[:line_end])
+        if route is None or self.front.closing:
+            return False
+        end = buf.find(b"\r\n\r\n", line_end)
+        if end < 0:
+            return False if len(buf) > _MAX_HEAD else None
+        if end > _MAX_HEAD:
+            return False
+        plain = _plain(buf[line_end + 2 : end + 2])
+        if plain is None or plain[1] > self.front.max_body:
+            return False
+        return route, plain[0], end + 4, plain[1]
+
+    def _left_during_body(self) -> None:
+        """aiohttp starts a request's handler once its head is in, so a client that
+        leaves while sending the body has its handler cancelled: counted and logged as
+        499. The same here, for a head the front had taken."""
+        head = self._head()
+        if not isinstance(head, tuple):
+            return
+        route, headers, _, _ = head
+        request = FrontRequest(self, route, headers, b"")
+        request.gone = True
+        self._buf = b""
         self.task = self._loop.create_task(self._serve(request, route))
 
     async def _serve(self, request: FrontRequest, route: _Route) -> None:

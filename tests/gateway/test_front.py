@@ -18,6 +18,7 @@ from aiohttp import web
 
 from tests.fixtures.gateway import running_gateway
 from tests.gateway._engines import engines
+from tests.gateway.test_bytepath import dechunk
 
 CHAT = "/v1/chat/completions"
 LIMIT = 8192
@@ -241,17 +242,6 @@ async def test_stream_bytes_are_aiohttps(engine_url: str, monkeypatch: pytest.Mo
 
 async def _not_called(*_: Any) -> None:
     raise AssertionError("aiohttp's StreamResponse.prepare was used")
-
-
-def dechunk(body: bytes) -> bytes:
-    out, pos = b"", 0
-    while True:
-        eol = body.index(b"\r\n", pos)
-        size = int(body[pos:eol], 16)
-        if size == 0:
-            return out
-        out += body[eol + 2 : eol + 2 + size]
-        pos = eol + 2 + size + 2
 
 
 @pytest.mark.parametrize("lean", [True, False], ids=["lean", "aiohttp"])

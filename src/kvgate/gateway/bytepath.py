@@ -98,15 +98,10 @@ class SseRelay:
         if self.strip_usage:
             # the usage option kvgate added puts "usage":null in every chunk: drop it first,
             # so only a chunk with real usage takes the slow path
-            events = events.replace(b',"usage":null', b"")
+            events = strip_null_usage(events)
         if b'"usage"' in events:
             events = self._usage(events)
-        # count_generated, inline (once per upstream read)
-        n = events.count(b'"content":"')
-        if n:
-            self.generated += n - events.count(b'"content":""')
-        elif b'"text":"' in events:
-            self.generated += events.count(b'"text":"') - events.count(b'"text":""')
+        self.generated += count_generated(events)
         if events:
             self._out(events)
         if self.on_progress is not None and self.generated - self.reported >= self.progress_batch:
@@ -127,8 +122,6 @@ class SseRelay:
                             continue
                 kept.append(raw)
             events = b"\n\n".join(kept)
-        if self.strip_usage:
-            events = strip_null_usage(events)
         return events
 
     def _out(self, data: bytes) -> None:

@@ -23,6 +23,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
@@ -35,6 +36,12 @@ ACCEPTED_ENCODINGS = ("identity", "gzip", "x-gzip", "deflate")
 AIOHTTP_DECODES = ("gzip", "deflate")  # as the whole header value
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _NUMBER = (int, float)
+# msgspec's decoder accepts a subset of what json.loads does (it refuses NaN/Infinity,
+# lone surrogates, invalid UTF-8, numbers out of float range, a BOM) and decodes that
+# subset to the same objects, ~3× faster; anything it refuses takes json.loads's path,
+# which gives the answer (and the error message) it always did
+_FAST_JSON = msgspec.json.Decoder()
+_FAST_JSON_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
 
 
 def _bad(message: str, *, code: str, param: str | None = None, status: int = 400) -> ApiError:
@@ -136,6 +143,17 @@ def _reject_constant(name: str) -> Any:
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     """Strict UTF-8 JSON object with bounded nesting and no lone surrogates."""
+    try:
+        fast = _FAST_JSON.decode(raw)
+    except _FAST_JSON_ERRORS:
+        return _parse_json_object(raw)
+    if not isinstance(fast, dict):
+        return _parse_json_object(raw)
+    check_tree(fast, surrogates=False)  # msgspec refuses lone surrogates itself
+    return fast
+
+
+def _parse_json_object(raw: bytes) -> dict[str, Any]:
     if not raw.strip():
         raise _bad("request body is empty; send a JSON object", code="invalid_json")
     try:

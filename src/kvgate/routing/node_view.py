@@ -62,7 +62,16 @@ class NodeEntry:
     inflight_tokens: int = 0
     # dispatched after the last report, so not yet in the engine's running/waiting
     unreported: set[str] = field(default_factory=set)
-    load: float = 0.0  # cached load score, recomputed on every change
+    # the cached load score: recomputed at dispatch and completion, and on first read
+    # after progress (a stream reports progress several times between two decisions)
+    cached_load: float = 0.0
+    load_stale: bool = False
+
+    @property
+    def load(self) -> float:
+        if self.load_stale:
+            self.view.refresh_loads()
+        return self.cached_load
 
     @property
     def node_id(self) -> str:
@@ -98,7 +107,22 @@ class NodeView:
         self.overlay: Callable[[str], NodeState | None] | None = None
         # the filters' verdicts per request kind (routing/filters.py), cleared whenever
         # something a filter reads changes; their load scores follow every load change
-        self.eligibility: dict[tuple[object, ...], EligibleSet] = {}
+        # (a progress update's when they are next read: ``eligibility``)
+        self._eligibility: dict[tuple[object, ...], EligibleSet] = {}
+        self._stale_loads: list[NodeEntry] = []  # entries whose progress changed their load
+
+    @property
+    def eligibility(self) -> dict[tuple[object, ...], EligibleSet]:
+        if self._stale_loads:
+            self.refresh_loads()
+        return self._eligibility
+
+    def refresh_loads(self) -> None:
+        """Recompute the load scores progress updates left stale (readers call it)."""
+        stale, self._stale_loads = self._stale_loads, []
+        for entry in stale:
+            if entry.load_stale:
+                self._recompute_load(entry)
 
     # -- listeners ---------------------------------------------------------------------
     def subscribe(
@@ -300,7 +324,8 @@ class NodeView:
         return cold_boost(self.clock.now() - entry.registered_at, self.config.warmup_s)
 
     def _recompute_load(self, entry: NodeEntry) -> None:
-        load = entry.load = load_score(
+        entry.load_stale = False
+        load = entry.cached_load = load_score(
             entry.report,
             unreported=len(entry.unreported),
             inflight_requests=len(entry.inflight),
@@ -308,7 +333,7 @@ class NodeView:
             config=self.config,
         )
         node_id = entry.spec.node_id
-        for verdict in self.eligibility.values():
+        for verdict in self._eligibility.values():
             if node_id in verdict.loads:
                 verdict.loads[node_id] = load
 
@@ -331,9 +356,13 @@ class NodeView:
         if entry is None or flight is None:
             return
         delta = max(0, generated_tokens - flight.generated_tokens)
+        if not delta:
+            return
         flight.generated_tokens += delta
         entry.inflight_tokens += delta
-        self._recompute_load(entry)
+        if not entry.load_stale:
+            entry.load_stale = True
+            self._stale_loads.append(entry)
 
     def on_complete(self, node_id: str, request_id: str) -> None:
         entry = self._nodes.get(node_id)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter
 
 
@@ -43,3 +45,13 @@ class PipelineMetrics:
             ["mode"],
             registry=registry,
         )
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, bound once: the per-request path skips the lookup
+        (no pipeline metric ever removes a label set, so a bound child stays current)."""
+        key = (id(metric), labels)
+        bound = self._children.get(key)
+        if bound is None:
+            bound = self._children[key] = metric.labels(*labels)
+        return bound

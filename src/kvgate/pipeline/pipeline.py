@@ -257,7 +257,8 @@ class RequestPipeline:
         flow.attempts += 1
         flow.decision = decision
         self.router.on_dispatch(flow.route, decision)
-        self.metrics.dispatches.labels(decision.node_id, decision.reason).inc()
+        metrics = self.metrics
+        metrics.child(metrics.dispatches, decision.node_id, decision.reason).inc()
         return decision
 
     def _route(self, flow: Flow) -> RouteDecision:

@@ -61,7 +61,8 @@ class SseRelay:
         self.done = False  # [DONE] seen
         self.client_gone = False
         self.reads = 0  # upstream reads seen (the idle timeout checks it per gap)
-        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # the exchange's loop: asyncio.get_running_loop() costs a getpid syscall per call
+        self.ready: asyncio.Future[None] = exchange.done_future.get_loop().create_future()
         self._pending = b""  # an incomplete event
         self._held: list[bytes] = []  # output before go_live
         self._transport: asyncio.Transport | None = None
@@ -79,15 +80,14 @@ class SseRelay:
             data = self._pending + data
         if b"\r" in data:
             data = data.replace(b"\r\n", b"\n")
-        end = data.rfind(b"\n\n")
-        if end < 0:
-            self._pending = data
-            return
-        if end + 2 == len(data):  # the usual read: whole events only
+        if data.endswith(b"\n\n"):  # the usual read: whole events only
             events = data
-            if self._pending:
-                self._pending = b""
+            self._pending = b""
         else:
+            end = data.rfind(b"\n\n")
+            if end < 0:
+                self._pending = data
+                return
             events, self._pending = data[: end + 2], data[end + 2 :]
         if (
             not self.done
@@ -101,12 +101,22 @@ class SseRelay:
             events = strip_null_usage(events)
         if b'"usage"' in events:
             events = self._usage(events)
-        self.generated += count_generated(events)
+        generated = self.generated = self.generated + count_generated(events)
         if events:
-            self._out(events)
-        if self.on_progress is not None and self.generated - self.reported >= self.progress_batch:
-            self.reported = self.generated
-            self.on_progress(self.generated)
+            transport = self._transport
+            if transport is not None and not self._paused and not transport.is_closing():
+                # the live stream's usual case, inline: one framed write, no buffer above
+                # the high-water mark (what _out does, without its call)
+                transport.write(
+                    b"%x\r\n%b\r\n" % (len(events), events) if self._chunked else events
+                )
+                if transport.get_write_buffer_size() > _HIGH_WATER:
+                    self._pause()
+            else:
+                self._out(events)
+        if generated - self.reported >= self.progress_batch and self.on_progress is not None:
+            self.reported = generated
+            self.on_progress(generated)
 
     def _usage(self, events: bytes) -> bytes:
         if any(mark in events for mark in _USAGE_MARKS):
@@ -144,9 +154,12 @@ class SseRelay:
             return
         transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
         if not self._paused and transport.get_write_buffer_size() > _HIGH_WATER:
-            self._paused = True
-            self.exchange.pause()
-            asyncio.get_running_loop().call_later(_RESUME_POLL_S, self._maybe_resume)
+            self._pause()
+
+    def _pause(self) -> None:
+        self._paused = True
+        self.exchange.pause()
+        asyncio.get_running_loop().call_later(_RESUME_POLL_S, self._maybe_resume)
 
     def _maybe_resume(self) -> None:
         transport = self._transport

@@ -323,7 +323,7 @@ class Proxy:
     async def _head(self, exchange: Exchange, base: str, deadline: float) -> Head:
         """The answer's head; TimeoutError at ``deadline``."""
         waiter = exchange.head_future
-        loop = asyncio.get_running_loop()
+        loop = waiter.get_loop()  # (asyncio.get_running_loop() costs a getpid syscall)
         while True:
             left = deadline - loop.time()
             if left <= 0:
@@ -487,7 +487,7 @@ class Proxy:
     ) -> None:
         """Wait for ``waiter`` while bytes keep coming: TimeoutError after an idle gap or
         at the deadline (no per-chunk timer: the relay counts reads, checked per gap)."""
-        loop = asyncio.get_running_loop()
+        loop = waiter.get_loop()
         while True:
             seen = relay.reads
             left = deadline - loop.time()
@@ -648,7 +648,7 @@ async def _settled(future: asyncio.Future[Any], timeout_s: float) -> bool:
     wake-up future, one timer, one callback."""
     if future.done():
         return True
-    loop = asyncio.get_running_loop()
+    loop = future.get_loop()
     wake: asyncio.Future[None] = loop.create_future()
 
     def settle(_: object = None) -> None:

@@ -163,11 +163,7 @@ class Exchange(asyncio.Protocol):
                     size = 0
                 end = eol + 2 + size
                 if size and len(data) == end + 2 and data.endswith(b"\r\n"):
-                    sink = self._sink
-                    if sink is not None:
-                        sink(data[eol + 2 : end])
-                    else:
-                        self._early.append(data[eol + 2 : end])
+                    self._emit(data[eol + 2 : end])
                     return
         buf = self._buf + data if self._buf else data
         pos, n = 0, len(buf)

@@ -65,7 +65,9 @@ async def relay_through(wire: bytes, step: int, *, strip: bool) -> tuple[SseRela
     relay.go_live(client, chunked=True)  # type: ignore[arg-type]
     for i in range(step, len(stream), step):
         exchange.data_received(stream[i : i + step])
-    return relay, dechunk(client.data + b"0\r\n\r\n"), exchange.complete
+    tail = relay.take_tail()  # what the proxy writes with the end of the response
+    framed = b"%x\r\n%b\r\n" % (len(tail), tail) if tail else b""
+    return relay, dechunk(client.data + framed + b"0\r\n\r\n"), exchange.complete
 
 
 async def test_relay_is_the_same_however_the_bytes_are_split() -> None:
@@ -85,6 +87,25 @@ async def test_relay_is_the_same_however_the_bytes_are_split() -> None:
         assert relay.generated == 2  # non-empty content chunks
         assert relay.usage is not None
         assert (relay.usage.prompt_tokens, relay.usage.cached_tokens) == (9, 4)
+
+
+async def test_relay_holds_the_events_from_done_on_for_the_end_of_the_response() -> None:
+    exchange = Exchange(UpstreamPool(connect_timeout_s=1), ("h", 1))
+    exchange.data_received(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    relay = SseRelay(exchange, strip_usage=False, on_progress=None, progress_batch=16)
+    exchange.attach(relay.feed)
+    client = Sink()
+    relay.go_live(client, chunked=True)  # type: ignore[arg-type]
+    first = event("a", null_usage=False)
+    exchange.data_received(chunked([first])[:-5])  # one event, the stream goes on
+    assert dechunk(client.data + b"0\r\n\r\n") == first
+    last = b"data: [DONE]\n\n"
+    exchange.data_received(b"%x\r\n%b\r\n" % (len(last), last))
+    assert dechunk(client.data + b"0\r\n\r\n") == first  # held, not written
+    assert relay.done and relay.take_tail() == last
+    assert relay.take_tail() == b""  # handed over once
 
 
 async def test_relay_keeps_usage_the_client_asked_for() -> None:

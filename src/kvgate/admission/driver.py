@@ -37,7 +37,9 @@ class CoreDriver:
         """``progress``'s bookkeeping, done now; the drain it calls for (the first token
         freed a prefill-gate place), if any, is returned to be awaited."""
         now = self.clock.now()
-        if self.core.progress_now(result, generated_tokens, now):
+        # with nothing queued a drain admits nothing (``AdmissionCore.drain``): no
+        # coroutine, and no task in the proxy to run it
+        if self.core.progress_now(result, generated_tokens, now) and len(self.core.queue):
             return self._drain(now)
         return None
 

@@ -65,6 +65,9 @@ class SseRelay:
         self.ready: asyncio.Future[None] = exchange.done_future.get_loop().create_future()
         self._pending = b""  # an incomplete event
         self._held: list[bytes] = []  # output before go_live
+        # a live stream's events from its [DONE] on: the proxy writes them with the end
+        # of the response (the chunked terminator), one write instead of two
+        self._tail: list[bytes] = []
         self._transport: asyncio.Transport | None = None
         self._chunked = True
         self._paused = False
@@ -104,14 +107,8 @@ class SseRelay:
         generated = self.generated = self.generated + count_generated(events)
         if events:
             transport = self._transport
-            if transport is not None and not self._paused and not transport.is_closing():
-                # the live stream's usual case, inline: one framed write, no buffer above
-                # the high-water mark (what _out does, without its call)
-                transport.write(
-                    b"%x\r\n%b\r\n" % (len(events), events) if self._chunked else events
-                )
-                if transport.get_write_buffer_size() > _HIGH_WATER:
-                    self._pause()
+            if self.done and transport is not None and not transport.is_closing():
+                self._tail.append(events)
             else:
                 self._out(events)
         if generated - self.reported >= self.progress_batch and self.on_progress is not None:
@@ -182,6 +179,11 @@ class SseRelay:
                 self.ready.set_result(None)
 
         self.exchange.on_end(wake)
+
+    def take_tail(self) -> bytes:
+        """The live stream's last events, held for the write that ends the response."""
+        tail, self._tail = self._tail, []
+        return b"".join(tail)
 
     def take_held(self) -> bytes:
         held, self._held = self._held, []

@@ -554,10 +554,9 @@ class Proxy:
             outcome.output_tokens = relay.generated
             call.usage = relay.usage
             await reporter.flush()
+            error = sse_error_event(f"engine {decision.node_id} failed mid-stream", code=kind)
             with _suppress_disconnect():
-                await client.write(
-                    sse_error_event(f"engine {decision.node_id} failed mid-stream", code=kind)
-                )
+                await client.write(relay.take_tail() + error)
                 await client.write_eof()
             return client
         await reporter.flush()
@@ -572,7 +571,7 @@ class Proxy:
         if client is None:  # an engine that sent nothing but the end: still answer a stream
             client = await self._open_client(call, decision, request, b"")
         with _suppress_disconnect():
-            await client.write_eof()
+            await client.write_eof(relay.take_tail())  # the last events and the end, one write
         return client
 
     async def _client_gone(

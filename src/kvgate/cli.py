@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import sys
 from collections.abc import Sequence
 
 from kvgate import __version__
+from kvgate.flags import FLAG_NAMES
 
 DESCRIPTION = """\
 kvgate: a gateway for distributed LLM inference. It puts OpenAI-compatible engines
@@ -85,6 +87,42 @@ def add_slo_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         help="CLASS=SECONDS TTFT SLO for goodput (default interactive=1,batch=30), repeatable",
     )
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def add_log_level(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="log verbosity")
+
+
+def configure_logging(level: str, fmt: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), format=fmt)
+
+
+def add_flag_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--flag",
+        action="append",
+        default=[],
+        metavar="NAME=on|off",
+        help="turn one strategy on or off; repeatable; NAME one of "
+        + ", ".join(sorted(FLAG_NAMES)),
+    )
+
+
+def flag_overrides(values: list[str]) -> dict[str, bool]:
+    """``--flag NAME=on|off`` values as flag overrides; ValueError naming the bad one."""
+    out: dict[str, bool] = {}
+    for item in values:
+        name, _, value = item.partition("=")
+        if name not in FLAG_NAMES or value not in ("on", "off"):
+            raise ValueError(
+                f"--flag {item!r}: expected NAME=on|off with NAME one of "
+                f"{', '.join(sorted(FLAG_NAMES))}"
+            )
+        out[name] = value == "on"
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:

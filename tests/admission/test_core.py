@@ -295,14 +295,20 @@ class _FlakyStore(MemoryStore):
         await super().heartbeat(gateway_id, ttl_s)
 
 
-def test_releases_missed_during_a_partition_are_replayed_on_recovery() -> None:
+def _release_during_partition(lease_s: float) -> tuple[ManualClock, _FlakyStore, AdmissionCore]:
+    """A core whose only reservation (200 tokens) is released while the store is down."""
     clock = ManualClock()
     store = _FlakyStore(clock)
     core = AdmissionCore(AdmissionConfig(total_quota=1000), store, gateway_id="gw")
-    run_now(core.refresh(10))
+    run_now(core.refresh(lease_s))
     held = admit(core, clock, request(prompt=100, max_tokens=100))
     store.down = True
     release(core, clock, held)
+    return clock, store, core
+
+
+def test_releases_missed_during_a_partition_are_replayed_on_recovery() -> None:
+    clock, store, core = _release_during_partition(10)
     assert not core.link.up
     assert run_now(store.usage()) == {"default": 200}  # the store never heard
     store.down = False
@@ -313,13 +319,7 @@ def test_releases_missed_during_a_partition_are_replayed_on_recovery() -> None:
 
 
 def test_missed_releases_are_dropped_when_the_lease_is_gone() -> None:
-    clock = ManualClock()
-    store = _FlakyStore(clock)
-    core = AdmissionCore(AdmissionConfig(total_quota=1000), store, gateway_id="gw")
-    run_now(core.refresh(2))
-    lost = admit(core, clock, request(prompt=100, max_tokens=100))
-    store.down = True
-    release(core, clock, lost)
+    clock, store, core = _release_during_partition(2)
     clock.advance(5)  # our lease expired: the tokens were reclaimed by a reap
     assert run_now(store.reap()) == 200
     store.down = False

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import urllib.error
 import urllib.request
@@ -11,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.engines import start_engine_process
-from tests.fixtures.gateway import GatewayProcess, start_gateway_process
+from tests.fixtures.gateway import GatewayProcess, admin_gateway, chat_once
 
 pytestmark = pytest.mark.browser
 
@@ -39,33 +37,12 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 def gateway() -> Iterator[GatewayProcess]:
     if not os.path.exists(CHROMIUM):
         pytest.skip("Debian chromium is not installed at /usr/bin/chromium")
-    engines = start_engine_process(count=3, time_scale=50.0, model="sim")
-    try:
-        config = {
-            "nodes": [{"id": f"gpu-{i}", "url": url} for i, url in enumerate(engines.urls)],
-            "admission": {"total_quota": 20000, "tenants": TENANTS},
-            "auth": {"admin_token": ADMIN_TOKEN},
-        }
-        gw = start_gateway_process(config=config)
-        try:
-            for key in ("k-app", "k-app", "k-batch"):
-                _chat(gw.url, key)
-            yield gw
-        finally:
-            gw.stop()
-    finally:
-        engines.stop()
-
-
-def _chat(url: str, api_key: str) -> None:
-    body = {"model": "sim", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
-    request = urllib.request.Request(
-        url + "/v1/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        assert response.status == 200
+    with admin_gateway(
+        engines=3, node_prefix="gpu-", tenants=TENANTS, admin_token=ADMIN_TOKEN
+    ) as gw:
+        for key in ("k-app", "k-app", "k-batch"):
+            chat_once(gw.url, key)
+        yield gw
 
 
 def _launch(playwright):  # type: ignore[no-untyped-def]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -13,6 +12,7 @@ import aiohttp
 
 from tests.fixtures.engines import EngineProcess
 from tests.fixtures.gateway import GatewayProcess
+from tests.fixtures.poll import poll_until
 from tests.sidecar.conftest import SidecarProcess
 
 
@@ -28,14 +28,13 @@ async def poll(
     predicate: Callable[[dict[str, Any]], bool],
     limit_s: float,
 ) -> dict[str, Any]:
-    deadline = time.monotonic() + limit_s
-    nodes: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        nodes = await gateway_nodes(session, gw)
-        if predicate(nodes):
-            return nodes
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"gateway nodes never matched: {nodes}\n{gw.log()[-3000:]}")
+    return await poll_until(
+        lambda: gateway_nodes(session, gw),
+        predicate,
+        limit_s,
+        what="gateway nodes",
+        detail=lambda: "\n" + gw.log()[-3000:],
+    )
 
 
 async def test_gateway_routes_to_a_sidecar_registered_node_until_it_leaves(

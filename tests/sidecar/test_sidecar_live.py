@@ -23,6 +23,7 @@ from kvgate.store.base import KVStore
 from kvgate.store.keys import NODES_PREFIX, node_key
 from kvgate.types import NodeState
 from tests.fixtures.engines import EngineProcess
+from tests.fixtures.poll import poll_until
 
 FAST = SaturationPolicy(
     waiting_high=3,
@@ -143,15 +144,12 @@ async def test_engine_restart_reregisters_then_healthy(
     sidecar = Sidecar(config(engine.url), store)
     seen: list[str] = []
 
+    async def tick() -> str:
+        seen.append(str((await sidecar.tick()).state_hint))
+        return seen[-1]
+
     async def tick_until(state: str, limit_s: float = 10.0) -> None:
-        deadline = time.monotonic() + limit_s
-        while time.monotonic() < deadline:
-            report = await sidecar.tick()
-            seen.append(str(report.state_hint))
-            if report.state_hint == state:
-                return
-            await asyncio.sleep(0.1)
-        raise AssertionError(f"never {state}: {seen}")
+        await poll_until(tick, lambda s: s == state, limit_s, what=f"{state}: {seen}")
 
     try:
         async with aiohttp.ClientSession() as session:

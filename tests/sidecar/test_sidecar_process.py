@@ -17,6 +17,7 @@ from kvgate.store import open_store
 from kvgate.store.base import KVStore
 from kvgate.store.keys import node_key
 from tests.fixtures.engines import EngineProcess
+from tests.fixtures.poll import poll_until
 from tests.fixtures.servers import free_port
 from tests.sidecar.conftest import SidecarProcess
 
@@ -30,14 +31,11 @@ async def store_url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
 async def wait_for(
     store: KVStore, key: str, predicate: Callable[[dict[str, Any] | None], bool], limit_s: float
 ) -> dict[str, Any] | None:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
+    async def entry() -> dict[str, Any] | None:
         raw = await store.get(key)
-        entry = json.loads(raw) if raw else None
-        if predicate(entry):
-            return entry
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{key}: condition not met in {limit_s}s (last: {raw!r})")
+        return json.loads(raw) if raw else None
+
+    return await poll_until(entry, predicate, limit_s, interval_s=0.05, what=key)
 
 
 async def test_registers_and_lease_expires_when_killed(

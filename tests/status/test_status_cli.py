@@ -6,14 +6,12 @@ import json
 import os
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
 
 from kvgate.procs.ports import free_port
-from tests.fixtures.engines import start_engine_process
-from tests.fixtures.gateway import GatewayProcess, start_gateway_process
+from tests.fixtures.gateway import GatewayProcess, admin_gateway, chat_once
 
 ADMIN_TOKEN = "status-admin-token"
 TENANTS = [
@@ -24,32 +22,11 @@ TENANTS = [
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[GatewayProcess]:
-    engines = start_engine_process(count=2, time_scale=50.0, model="sim")
-    try:
-        config = {
-            "nodes": [{"id": f"sim-{i}", "url": url} for i, url in enumerate(engines.urls)],
-            "admission": {"total_quota": 20000, "tenants": TENANTS},
-            "auth": {"admin_token": ADMIN_TOKEN},
-        }
-        gw = start_gateway_process(config=config)
-        try:
-            _chat(gw.url, "k-gold")
-            yield gw
-        finally:
-            gw.stop()
-    finally:
-        engines.stop()
-
-
-def _chat(url: str, api_key: str) -> None:
-    body = {"model": "sim", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
-    request = urllib.request.Request(
-        url + "/v1/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        assert response.status == 200
+    with admin_gateway(
+        engines=2, node_prefix="sim-", tenants=TENANTS, admin_token=ADMIN_TOKEN
+    ) as gw:
+        chat_once(gw.url, "k-gold")
+        yield gw
 
 
 def _status(*args: str) -> subprocess.CompletedProcess[str]:

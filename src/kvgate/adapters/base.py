@@ -107,13 +107,21 @@ class EngineAdapter(ABC):
         node_id: str,
         now: float,
         previous: NodeReport | None = None,
+        **extra: Any,
     ) -> NodeReport:
+        """A report from /metrics text; ``extra``: what ``fetch_extra`` read besides."""
         try:
             observation = self.observe(parse_metrics(metrics_text, skip_suffixes=UNUSED_SAMPLES))
         except Exception as exc:  # never raise: a bad scrape is a stale report
             log.debug("node %s: unusable %s metrics: %s", node_id, self.engine_type, exc)
             return self.stale_report(node_id=node_id, now=now, previous=previous)
+        if extra:
+            self.observe_extra(observation, extra, node_id=node_id)
         return self.build_report(observation, node_id=node_id, now=now, previous=previous)
+
+    def observe_extra(self, obs: Observation, extra: dict[str, Any], *, node_id: str) -> None:  # noqa: B027
+        """Complete ``obs`` from ``fetch_extra``'s answers (engines whose /metrics lacks
+        something); never raises. Nothing here."""
 
     def build_report(
         self,

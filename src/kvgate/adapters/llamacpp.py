@@ -25,9 +25,8 @@ from kvgate.adapters.base import (
     join_url,
     require,
 )
-from kvgate.adapters.prom import MetricSet, parse_metrics
+from kvgate.adapters.prom import MetricSet
 from kvgate.adapters.vllm import counters
-from kvgate.types import NodeReport
 
 log = logging.getLogger(__name__)
 
@@ -97,20 +96,8 @@ class LlamaCppAdapter(EngineAdapter):
             counters=found,
         )
 
-    def parse(
-        self,
-        metrics_text: str,
-        *,
-        node_id: str,
-        now: float,
-        previous: NodeReport | None = None,
-        slots_text: str | None = None,
-    ) -> NodeReport:
-        try:
-            obs = self.observe(parse_metrics(metrics_text))
-        except Exception as exc:
-            log.debug("node %s: unusable llama.cpp metrics: %s", node_id, exc)
-            return self.stale_report(node_id=node_id, now=now, previous=previous)
+    def observe_extra(self, obs: Observation, extra: dict[str, Any], *, node_id: str) -> None:
+        slots_text = extra.get("slots_text")
         if slots_text is not None:
             try:
                 usage, capacity, _busy = slot_usage(parse_slots(slots_text))
@@ -118,7 +105,6 @@ class LlamaCppAdapter(EngineAdapter):
             except Exception as exc:
                 # /metrics alone is still a usable report; only KV stays unknown.
                 log.debug("node %s: unusable /slots: %s", node_id, exc)
-        return self.build_report(obs, node_id=node_id, now=now, previous=previous)
 
     async def fetch_extra(
         self, session: aiohttp.ClientSession, base_url: str, *, node_id: str, timeout_s: float

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -56,27 +56,30 @@ class MetricSet:
 
     def first_total(self, names: Iterable[str]) -> float | None:
         """The total of the first name present (metric names change across versions)."""
-        for name in names:
-            value = self.total(name)
-            if value is not None:
-                return value
-        return None
+        return _first_present(self.total, names)
 
     def mean(self, name: str) -> float | None:
         """The mean over label sets: right for fractions such as KV usage per engine."""
-        found = [s.value for s in self.samples.get(name, ()) if not math.isnan(s.value)]
+        found = self._values(name)
         return sum(found) / len(found) if found else None
 
     def first_mean(self, names: Iterable[str]) -> float | None:
-        for name in names:
-            value = self.mean(name)
-            if value is not None:
-                return value
-        return None
+        return _first_present(self.mean, names)
 
     def maximum(self, name: str) -> float | None:
-        found = [s.value for s in self.samples.get(name, ()) if not math.isnan(s.value)]
+        found = self._values(name)
         return max(found) if found else None
+
+    def _values(self, name: str) -> list[float]:
+        return [s.value for s in self.samples.get(name, ()) if not math.isnan(s.value)]
+
+
+def _first_present(read: Callable[[str], float | None], names: Iterable[str]) -> float | None:
+    for name in names:
+        value = read(name)
+        if value is not None:
+            return value
+    return None
 
 
 def parse_value(text: str) -> float:

@@ -130,48 +130,65 @@ LLAMA3_70B_KV = 2 * 80 * 8 * 128 * 2  # 320 KiB
 GEMMA3_270M_PARAMS = 268e6
 GEMMA3_270M_KV = 2 * 18 * 1 * 256 * 2  # 18 KiB
 
-_llama8_weights = LLAMA3_8B_PARAMS * 2
-_llama70_weights = LLAMA3_70B_PARAMS * 2
 _gemma_weights = GEMMA3_270M_PARAMS * 2
 
+
+def _bf16_on_h100(
+    name: str,
+    model: str,
+    params: float,
+    kv_per_token: int,
+    *,
+    gpus: int,
+    mfu: float,
+    bw_eff: float,
+    overhead_s: float,
+) -> Profile:
+    """A BF16 model on ``gpus`` H100s (tensor parallel): KV gets 0.9 of HBM (vLLM's
+    ``gpu_memory_utilization``) less the weights and 4 GiB per GPU of activations/CUDA
+    graphs (docs/engine-model.md)."""
+    weights = params * 2
+    return Profile(
+        name=name,
+        model=model,
+        param_count=params,
+        weight_bytes=weights,
+        kv_bytes_per_token=kv_per_token,
+        peak_flops=gpus * H100_BF16_FLOPS,
+        mfu=mfu,
+        mem_bw=gpus * H100_HBM_BW,
+        bw_eff=bw_eff,
+        overhead_s=overhead_s,
+        per_seq_s=0.0,
+        num_gpu_blocks=_usable_kv_blocks(
+            gpus * H100_HBM_BYTES, 0.9, weights, gpus * 4 * GIB, kv_per_token
+        ),
+        max_num_seqs=256,
+        max_num_batched_tokens=8192,
+        max_model_len=131072,
+    )
+
+
 PROFILES: dict[str, Profile] = {
-    "llama3-8b-h100": Profile(
-        name="llama3-8b-h100",
-        model="meta-llama/Llama-3.1-8B-Instruct",
-        param_count=LLAMA3_8B_PARAMS,
-        weight_bytes=_llama8_weights,
-        kv_bytes_per_token=LLAMA3_8B_KV,
-        peak_flops=H100_BF16_FLOPS,
+    "llama3-8b-h100": _bf16_on_h100(
+        "llama3-8b-h100",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        LLAMA3_8B_PARAMS,
+        LLAMA3_8B_KV,
+        gpus=1,
         mfu=0.5,
-        mem_bw=H100_HBM_BW,
         bw_eff=0.8,
         overhead_s=1.0e-3,
-        per_seq_s=0.0,
-        num_gpu_blocks=_usable_kv_blocks(
-            H100_HBM_BYTES, 0.9, _llama8_weights, 4 * GIB, LLAMA3_8B_KV
-        ),
-        max_num_seqs=256,
-        max_num_batched_tokens=8192,
-        max_model_len=131072,
     ),
-    "llama3-70b-h100-tp4": Profile(
-        name="llama3-70b-h100-tp4",
-        model="meta-llama/Llama-3.1-70B-Instruct",
-        param_count=LLAMA3_70B_PARAMS,
-        weight_bytes=_llama70_weights,
-        kv_bytes_per_token=LLAMA3_70B_KV,
-        peak_flops=4 * H100_BF16_FLOPS,
+    "llama3-70b-h100-tp4": _bf16_on_h100(
+        "llama3-70b-h100-tp4",
+        "meta-llama/Llama-3.1-70B-Instruct",
+        LLAMA3_70B_PARAMS,
+        LLAMA3_70B_KV,
+        gpus=4,
         mfu=0.4,
-        mem_bw=4 * H100_HBM_BW,
         bw_eff=0.7,
         overhead_s=3.0e-3,
-        per_seq_s=0.0,
-        num_gpu_blocks=_usable_kv_blocks(
-            4 * H100_HBM_BYTES, 0.9, _llama70_weights, 4 * 4 * GIB, LLAMA3_70B_KV
-        ),
-        max_num_seqs=256,
-        max_num_batched_tokens=8192,
-        max_model_len=131072,
     ),
     # Calibrated to llama.cpp on a 2-core x86_64 VM, 1 thread: prefill 3.125 ms/token,
     # decode 24.4 ms (weights read) + 14.1 ms per sequence per step.

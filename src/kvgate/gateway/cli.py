@@ -10,10 +10,8 @@ import sys
 from typing import Any
 
 from kvgate.adapters import ENGINE_TYPES
-from kvgate.flags import FLAG_NAMES
+from kvgate.cli import add_flag_option, add_log_level, configure_logging, flag_overrides
 from kvgate.routing.policies import policy_names
-
-LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,16 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--admin-token", help="token for /admin and /dashboard")
     parser.add_argument("--gateway-id", help="this replica's id (default host:port)")
     parser.add_argument("--scrape-interval", type=float, help="seconds between /metrics pulls")
-    parser.add_argument(
-        "--flag",
-        action="append",
-        default=[],
-        metavar="NAME=on|off",
-        help="turn one strategy on or off; repeatable; NAME one of "
-        + ", ".join(sorted(FLAG_NAMES)),
-    )
+    add_flag_option(parser)
     parser.add_argument("--port-file", help="write the bound port here once listening")
-    parser.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="log verbosity")
+    add_log_level(parser)
     parser.add_argument(
         "--workers",
         type=int,
@@ -94,14 +85,10 @@ def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.admin_token:
         data["auth"] = {**(data.get("auth") or {}), "admin_token": args.admin_token}
     flags = dict(data.get("flags") or {})
-    for item in args.flag:
-        name, _, value = item.partition("=")
-        if name not in FLAG_NAMES or value not in ("on", "off"):
-            raise ConfigError(
-                f"--flag {item!r}: expected NAME=on|off with NAME one of "
-                f"{', '.join(sorted(FLAG_NAMES))}"
-            )
-        flags[name] = value == "on"
+    try:
+        flags.update(flag_overrides(args.flag))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if flags:
         data["flags"] = flags
     return data
@@ -112,10 +99,7 @@ def run(args: argparse.Namespace) -> int:
     from kvgate.gateway.app import create_app
     from kvgate.gateway.config import ConfigError, parse_config
 
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    configure_logging(args.log_level, "%(asctime)s %(levelname)s %(name)s %(message)s")
     from kvgate.gateway.worker import bind_port
     from kvgate.gateway.workers import default_workers
 

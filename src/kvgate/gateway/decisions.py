@@ -42,7 +42,7 @@ from kvgate.gateway.gateway import Gateway
 from kvgate.gateway.handlers import start_async_job
 from kvgate.gateway.ipc import Admitted, Attempt, FrameProtocol, error_tuple, give_up_fields
 from kvgate.gateway.proxy import Call
-from kvgate.pipeline import Failure, Flow, GiveUp
+from kvgate.pipeline import AttemptOutcome, Failure, Flow, GiveUp
 from kvgate.types import AdmissionKind, AdmissionRequest, RouteRequest
 
 log = logging.getLogger("kvgate.gateway.decisions")
@@ -159,25 +159,10 @@ class DecisionOwner:
         if flow is not None and flow.decision is not None:
             self.pipeline.attempt_failed(flow, flow.decision, failure)
 
-    def done(
-        self,
-        worker: int,
-        key: int,
-        ok: bool,
-        cached: int | None,
-        output: int,
-        broken: str | None,
-    ) -> None:
+    def done(self, worker: int, key: int, outcome: AttemptOutcome) -> None:
         flow = self.flows.get((worker, key))
         if flow is not None and flow.decision is not None:
-            self.pipeline.attempt_done(
-                flow,
-                flow.decision,
-                ok=ok,
-                cached_tokens=cached,
-                output_tokens=output,
-                broken=broken,
-            )
+            self.pipeline.attempt_done(flow, flow.decision, outcome)
 
     async def progress(self, worker: int, key: int, generated: int) -> None:
         flow = self.flows.get((worker, key))

@@ -37,24 +37,6 @@ _TYPE_BY_STATUS = {
 }
 
 
-def error_body(
-    message: str,
-    *,
-    status: int,
-    type_: str | None = None,
-    param: str | None = None,
-    code: str | None = None,
-) -> dict[str, dict[str, str | None]]:
-    return {
-        "error": {
-            "message": message,
-            "type": type_ or _TYPE_BY_STATUS.get(status, "server_error"),
-            "param": param,
-            "code": code,
-        }
-    }
-
-
 class ApiError(Exception):
     """Raised anywhere in a handler; the middleware turns it into an OpenAI error response."""
 
@@ -76,38 +58,29 @@ class ApiError(Exception):
         self.code = code
         self.headers = dict(headers or {})
 
+    def body(self) -> dict[str, dict[str, str | None]]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type_ or _TYPE_BY_STATUS.get(self.status, "server_error"),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
     def response(self) -> web.Response:
-        return error_response(
-            self.status,
-            self.message,
-            type_=self.type_,
-            param=self.param,
-            code=self.code,
+        return web.Response(
+            status=self.status,
+            text=json.dumps(self.body()),
+            content_type="application/json",
             headers=self.headers,
         )
-
-
-def error_response(
-    status: int,
-    message: str,
-    *,
-    type_: str | None = None,
-    param: str | None = None,
-    code: str | None = None,
-    headers: Mapping[str, str] | None = None,
-) -> web.Response:
-    return web.Response(
-        status=status,
-        text=json.dumps(error_body(message, status=status, type_=type_, param=param, code=code)),
-        content_type="application/json",
-        headers=dict(headers or {}),
-    )
 
 
 def sse_error_event(
     message: str, *, type_: str = "upstream_error", code: str | None = None
 ) -> bytes:
-    body = error_body(message, status=502, type_=type_, code=code)
+    body = ApiError(502, message, type_=type_, code=code).body()
     return b"data: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"
 
 
@@ -133,9 +106,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except ApiError as exc:
         return exc.response()
     except web.HTTPRequestEntityTooLarge as exc:
-        return error_response(
+        return ApiError(
             413, f"request body too large (limit {exc.text or 'exceeded'})", code="body_too_large"
-        )
+        ).response()
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -143,7 +116,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         message = (
             exc.reason if exc.status != 404 else f"no route for {request.method} {request.path}"
         )
-        return error_response(exc.status, message, code=code, headers=_allow_header(exc))
+        return ApiError(exc.status, message, code=code, headers=_allow_header(exc)).response()
     except asyncio.CancelledError:
         raise
     except Exception as exc:
@@ -166,22 +139,24 @@ def unexpected_error_response(request: web.Request, exc: BaseException) -> web.R
             request.path,
             type(exc).__name__,
         )
-        return error_response(400, "the request could not be processed as sent", code="bad_request")
+        return ApiError(
+            400, "the request could not be processed as sent", code="bad_request"
+        ).response()
     if status == 502:
         log.warning("upstream error escaped in %s %s: %r", request.method, request.path, exc)
-        return error_response(502, "upstream engine error", code="upstream_error")
+        return ApiError(502, "upstream engine error", code="upstream_error").response()
     if status == 503:
         log.warning("store unavailable in %s %s: %s", request.method, request.path, exc)
-        return error_response(
+        return ApiError(
             503,
             "state store unavailable; retry later",
             code="store_unavailable",
             headers={"Retry-After": "1"},
-        )
+        ).response()
     log.error("unhandled error in %s %s", request.method, request.path, exc_info=exc)
-    return error_response(
+    return ApiError(
         500, "internal gateway error", type_="server_error", code="internal_error"
-    )
+    ).response()
 
 
 def classify_exception(exc: BaseException) -> tuple[str, int]:
@@ -216,12 +191,12 @@ async def expect_handler(request: web.Request) -> web.StreamResponse | None:
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             request.writer.output_size = 0
         return None
-    return error_response(
+    return ApiError(
         417,
         f"unsupported Expect header {ascii(expect)[:80]}; only 100-continue is",
         code="expectation_failed",
         param="Expect",
-    )
+    ).response()
 
 
 async def _unrouted(request: web.Request) -> web.StreamResponse:

@@ -41,7 +41,7 @@ from kvgate.gateway.errors import ApiError, sse_error_event
 from kvgate.gateway.metrics import GatewayMetrics
 from kvgate.gateway.upstream import Exchange, Head, UpstreamError, UpstreamPool
 from kvgate.gateway.usage import Usage, client_wants_usage, parse_usage, with_usage_requested
-from kvgate.pipeline import Failure, Flow, GiveUp, retryable_status
+from kvgate.pipeline import AttemptOutcome, Failure, Flow, GiveUp, retryable_status
 from kvgate.types import RouteDecision, RouteRequest
 
 log = logging.getLogger("kvgate.gateway")
@@ -58,14 +58,7 @@ class Decisions(Protocol):
     def attempt_failed(self, flow: Flow, decision: RouteDecision, failure: Failure) -> object: ...
 
     def attempt_done(
-        self,
-        flow: Flow,
-        decision: RouteDecision,
-        *,
-        ok: bool,
-        cached_tokens: int | None = None,
-        output_tokens: int = 0,
-        broken: str | None = None,
+        self, flow: Flow, decision: RouteDecision, outcome: AttemptOutcome
     ) -> None: ...
 
     async def progress(self, flow: Flow, generated_tokens: int) -> None: ...
@@ -140,11 +133,7 @@ class Call:
 
 
 @dataclass(slots=True)
-class _Outcome:
-    ok: bool = False
-    cached_tokens: int | None = None
-    output_tokens: int = 0
-    broken: str | None = None  # the engine failed after the client got bytes
+class _Outcome(AttemptOutcome):
     reported: int = 0  # the generated count the pipeline already has (streams)
 
 
@@ -258,14 +247,7 @@ class Proxy:
                 why = Failure(failure.kind, str(failure), status=failure.status)
                 self.pipeline.attempt_failed(call.flow, decision, why)
             else:
-                self.pipeline.attempt_done(
-                    call.flow,
-                    decision,
-                    ok=outcome.ok,
-                    cached_tokens=outcome.cached_tokens,
-                    output_tokens=outcome.output_tokens,
-                    broken=outcome.broken,
-                )
+                self.pipeline.attempt_done(call.flow, decision, outcome)
 
     def _record_usage(self, decision: RouteDecision, usage: Usage | None) -> None:
         if usage is None:

@@ -18,7 +18,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from kvgate.gateway.ipc import Admitted, Attempt, DecisionClient
-from kvgate.pipeline import Failure, Flow
+from kvgate.pipeline import AttemptOutcome, Failure, Flow
 from kvgate.types import (
     AdmissionKind,
     AdmissionRequest,
@@ -105,18 +105,9 @@ class RemotePipeline:
         self.client.tell("failed", flow.key, failure)
         return False  # the owner's outlier detector decides; the worker need not know
 
-    def attempt_done(
-        self,
-        flow: Flow,
-        decision: RouteDecision,
-        *,
-        ok: bool,
-        cached_tokens: int | None = None,
-        output_tokens: int = 0,
-        broken: str | None = None,
-    ) -> None:
+    def attempt_done(self, flow: Flow, decision: RouteDecision, outcome: AttemptOutcome) -> None:
         assert isinstance(flow, RemoteFlow)
-        self.client.tell("done", flow.key, ok, cached_tokens, output_tokens, broken)
+        self.client.tell("done", flow.key, outcome)
 
     async def progress(self, flow: Flow, generated_tokens: int) -> None:
         assert isinstance(flow, RemoteFlow)

@@ -5,6 +5,7 @@ from kvgate.pipeline.engine_usage import engine_kv_capacity, engine_kv_tokens
 from kvgate.pipeline.models import UnknownModel, resolve_model
 from kvgate.pipeline.pipeline import (
     Admission,
+    AttemptOutcome,
     Failure,
     Flow,
     GiveUp,
@@ -14,6 +15,7 @@ from kvgate.pipeline.pipeline import (
 
 __all__ = [
     "Admission",
+    "AttemptOutcome",
     "Failure",
     "Flow",
     "GiveUp",

@@ -89,6 +89,16 @@ class Failure:
     retryable: bool = True
 
 
+@dataclass(slots=True)
+class AttemptOutcome:
+    """How an attempt the node answered ended (``Failure``'s counterpart)."""
+
+    ok: bool = False  # a success; else an error about the request, or a client that left
+    cached_tokens: int | None = None  # the engine's actual cached prompt tokens
+    output_tokens: int = 0
+    broken: str | None = None  # the node failed after the client got bytes
+
+
 class GiveUp(Exception):
     """No (further) attempt may be made; answer the client with ``status``."""
 
@@ -298,26 +308,16 @@ class RequestPipeline:
         self.router.on_complete(flow.route, decision, ok=False, actual_cached_tokens=None)
         return self.outlier.record_failure(decision.node_id, failure.kind, self.clock.now())
 
-    def attempt_done(
-        self,
-        flow: Flow,
-        decision: RouteDecision,
-        *,
-        ok: bool,
-        cached_tokens: int | None = None,
-        output_tokens: int = 0,
-        broken: str | None = None,
-    ) -> None:
-        """The node answered (``ok``: a success; else an error about the request, or a
-        client that left). ``broken``: the node failed after the client got bytes."""
+    def attempt_done(self, flow: Flow, decision: RouteDecision, outcome: AttemptOutcome) -> None:
+        """The node answered; ``outcome`` says how it ended."""
         self.router.on_complete(
             flow.route,
             decision,
-            ok=ok,
-            actual_cached_tokens=cached_tokens,
-            output_tokens=output_tokens,
+            ok=outcome.ok,
+            actual_cached_tokens=outcome.cached_tokens,
+            output_tokens=outcome.output_tokens,
         )
-        if broken is not None:
+        if (broken := outcome.broken) is not None:
             self.metrics.upstream_errors.labels(decision.node_id, broken).inc()
             self.outlier.record_failure(decision.node_id, broken, self.clock.now())
         else:

@@ -11,12 +11,12 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from kvgate.adapters import ENGINE_TYPES
+from kvgate.cli import add_log_level, configure_logging
 from kvgate.sidecar.decision import SaturationPolicy
 from kvgate.sidecar.sidecar import Sidecar, SidecarConfig
 from kvgate.tasks import stop_on_signals
 
 log = logging.getLogger("kvgate.sidecar")
-LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def _positive(text: str) -> float:
@@ -119,7 +119,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="seconds below the low marks before leaving backoff (default 3 × interval)",
     )
-    parser.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="log verbosity")
+    add_log_level(parser)
 
 
 def build_config(args: argparse.Namespace) -> SidecarConfig:
@@ -218,10 +218,7 @@ async def _main(config: SidecarConfig, store_url: str, args: argparse.Namespace)
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(args.log_level, "%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = build_config(args)
     except ValueError as exc:

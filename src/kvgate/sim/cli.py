@@ -9,9 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvgate.cli import add_slo_arguments
+from kvgate.cli import add_flag_option, add_slo_arguments, flag_overrides
 from kvgate.engine.profiles import PROFILES
-from kvgate.flags import FLAG_NAMES
 from kvgate.routing.policies import policy_names
 from kvgate.sim.cluster import SimConfig, SimResult, run_comparison
 from kvgate.sim.events import parse_event
@@ -82,12 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         help="cluster event KIND:TIME:NODE, KIND one of join, fail, flush; repeatable",
     )
-    parser.add_argument(
-        "--flag",
-        action="append",
-        default=[],
-        help="NAME=on|off, repeatable; NAME one of " + ", ".join(sorted(FLAG_NAMES)),
-    )
+    add_flag_option(parser)
     parser.add_argument(
         "--kv-event-delay",
         type=float,
@@ -101,16 +95,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print the results as one table with every column (wider than 80 columns)",
     )
-
-
-def _flags(values: list[str]) -> dict[str, bool]:
-    out: dict[str, bool] = {}
-    for v in values:
-        name, _, state = v.partition("=")
-        if state not in ("on", "off"):
-            raise ValueError(f"--flag {v!r}: expected NAME=on|off")
-        out[name] = state == "on"
-    return out
 
 
 def build(args: argparse.Namespace) -> tuple[Any, SimConfig, list[str]]:
@@ -135,7 +119,7 @@ def build(args: argparse.Namespace) -> tuple[Any, SimConfig, list[str]]:
         slo_ttft_s=args.ttft_slo,
         class_slos=class_slos,
         events=[parse_event(e) for e in args.event],
-        flags=_flags(args.flag),
+        flags=flag_overrides(args.flag),
         degrade_modes={"batch": "low_priority"} if args.admission == "on" else {},
         kv_event_delay_s=args.kv_event_delay,
     )

@@ -43,6 +43,7 @@ from kvgate.engine.request import EngineRequest, EventKind
 from kvgate.flags import Flags
 from kvgate.forecast import attach as forecast_attach
 from kvgate.pipeline import (
+    AttemptOutcome,
     Failure,
     Flow,
     GiveUp,
@@ -408,7 +409,7 @@ class ClusterSim:
             self.engines[node].add_request(req, now)
         except ValueError:  # the engine's answer about the request itself: not retried
             self._schedule_wake(node)
-            self.pipeline.attempt_done(flow, decision, ok=False)
+            self.pipeline.attempt_done(flow, decision, AttemptOutcome(ok=False))
             self._fail(live, now, 400, "too_long")
             return
         self._schedule_wake(node)
@@ -424,13 +425,8 @@ class ClusterSim:
         flow = live.flow
         assert flow.decision is not None
         self._progress(flow, output_tokens)
-        self.pipeline.attempt_done(
-            flow,
-            flow.decision,
-            ok=True,
-            cached_tokens=live.cached,
-            output_tokens=output_tokens,
-        )
+        done = AttemptOutcome(ok=True, cached_tokens=live.cached, output_tokens=output_tokens)
+        self.pipeline.attempt_done(flow, flow.decision, done)
         self._window_tokens[0] += rec.prompt_tokens
         self._window_tokens[1] += live.cached
         self._resolve(live, rec.status, 200, rec.admission)
@@ -505,9 +501,8 @@ class ClusterSim:
                     live.record.node = None
                     self._dispatch(live, now)
                 else:
-                    self.pipeline.attempt_done(
-                        flow, flow.decision, ok=False, broken="stream_broken"
-                    )
+                    broken = AttemptOutcome(ok=False, broken="stream_broken")
+                    self.pipeline.attempt_done(flow, flow.decision, broken)
                     self._fail(live, now, 502, "engine_died_mid_stream")
             self._schedule_probe()
 

@@ -34,6 +34,30 @@ def _poisson_times(rng: random.Random, n: int, rate: float) -> list[float]:
     return out
 
 
+def _on_prefixes(
+    rng: random.Random,
+    p: dict[str, Any],
+    tag: str,
+    prefixes: list[str],
+    picks: list[int],
+    times: list[float],
+    query_len: int,
+    group_tag: str,
+) -> list[WorkItem]:
+    """Request k: prefix ``picks[k]`` and a fresh ``query_len`` query, at ``times[k]``."""
+    return [
+        WorkItem(
+            request_id=f"{tag}-{k}",
+            arrival=times[k],
+            tenant="default",
+            messages=_chat(prefixes[g], synthetic_text(query_len, rng)),
+            max_tokens=int(p["output_len"]),
+            group=f"{group_tag}{g}",
+        )
+        for k, g in enumerate(picks)
+    ]
+
+
 def _shared_prefix(rng: random.Random, p: dict[str, Any]) -> tuple[list[WorkItem], dict[str, Any]]:
     groups, per_group = int(p["groups"]), int(p["prompts_per_group"])
     systems = [synthetic_text(int(p["system_len"]), rng) for _ in range(groups)]
@@ -41,17 +65,8 @@ def _shared_prefix(rng: random.Random, p: dict[str, Any]) -> tuple[list[WorkItem
     rng.shuffle(pairs)
     n = min(len(pairs), int(p["requests"])) if p.get("requests") else len(pairs)
     times = _poisson_times(rng, n, float(p["rate"]))
-    items = [
-        WorkItem(
-            request_id=f"sp-{k}",
-            arrival=times[k],
-            tenant="default",
-            messages=_chat(systems[g], synthetic_text(int(p["question_len"]), rng)),
-            max_tokens=int(p["output_len"]),
-            group=f"g{g}",
-        )
-        for k, (g, _i) in enumerate(pairs[:n])
-    ]
+    picks = [g for g, _i in pairs[:n]]
+    items = _on_prefixes(rng, p, "sp", systems, picks, times, int(p["question_len"]), "g")
     kv = p.get("cluster_kv_tokens")
     return items, ({"cluster_kv_tokens": int(kv)} if kv else {})
 
@@ -203,18 +218,7 @@ def _hot_prefix(rng: random.Random, p: dict[str, Any]) -> tuple[list[WorkItem], 
     n = int(p["requests"]) if p.get("requests") else 800
     times = _poisson_times(rng, n, float(p["rate"]))
     picks = rng.choices(range(k_prefixes), weights=weights, k=n)
-    items = [
-        WorkItem(
-            request_id=f"hp-{k}",
-            arrival=times[k],
-            tenant="default",
-            messages=_chat(prefixes[g], synthetic_text(int(p["query_len"]), rng)),
-            max_tokens=int(p["output_len"]),
-            group=f"p{g}",
-        )
-        for k, g in enumerate(picks)
-    ]
-    return items, {}
+    return _on_prefixes(rng, p, "hp", prefixes, picks, times, int(p["query_len"]), "p"), {}
 
 
 # name -> (generator, default parameters, one-line description)

@@ -151,12 +151,9 @@ class SseRelay:
             return
         transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
         if not self._paused and transport.get_write_buffer_size() > _HIGH_WATER:
-            self._pause()
-
-    def _pause(self) -> None:
-        self._paused = True
-        self.exchange.pause()
-        asyncio.get_running_loop().call_later(_RESUME_POLL_S, self._maybe_resume)
+            self._paused = True
+            self.exchange.pause()
+            asyncio.get_running_loop().call_later(_RESUME_POLL_S, self._maybe_resume)
 
     def _maybe_resume(self) -> None:
         transport = self._transport

@@ -20,19 +20,71 @@ prefix starts while the cluster is balanced. (Sending every miss to the home nod
 instead cost 1–2 points of hit rate and doubled load CV in the simulator: ring
 placement of a few dozen keys is lumpier than least-load placement.)
 
-Flags: ``cache_affinity`` off → no cache term and no cached affine node;
+An index match is trusted only as far as the blocks a per-node LRU shadow (``ShadowLRU``:
+the blocks this gateway sent to the node, kept to its KV capacity, tail blocks evicted
+first as an engine frees them) still holds: the index remembers a prefix for its TTL, the
+engine only while newer blocks have not pushed it out. With a precise cache signal
+(policy ``precise``, every node synced on its KV events) the guess is off.
+
+Flags: ``eviction_guess`` off → every index match is trusted; ``cache_affinity`` off → no cache term and no cached affine node;
 ``consistent_hashing`` off → no home node; ``load_guard`` off → no queue or decode term, so
 affinity is never left (plain affinity); ``cold_boost`` off → no boost.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from kvgate.routing.picker import pick_with_preference
-from kvgate.routing.policies.base import RoutingContext
+from kvgate.routing.policies.base import RoutingContext, expected_tokens
 from kvgate.routing.scorers import weighted_scores
+from kvgate.tokens import BLOCK_SIZE
 from kvgate.types import RouteDecision, RouteRequest
 
 HOT_TRAFFIC = 1.25
+
+
+class ShadowLRU:
+    """Per node, the prompt blocks this gateway sent there, least recently sent first,
+    kept to the node's KV capacity. The engine holds at most that many blocks and
+    evicts the least recently used, so a block pushed out here has been evicted there
+    (short of a request still running on it, or traffic from another gateway): a match
+    the index still lists on such a block is dropped."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, OrderedDict[int, None]] = {}
+
+    def record(self, node_id: str, hashes: list[int], capacity_blocks: int) -> None:
+        blocks = self._nodes.setdefault(node_id, OrderedDict())
+        # last block first: an engine frees a request's blocks tail first, so its
+        # prefix is the last of them to be evicted
+        for h in reversed(hashes):
+            blocks[h] = None
+            blocks.move_to_end(h)
+        while len(blocks) > capacity_blocks:
+            blocks.popitem(last=False)
+
+    def held(self, node_id: str, hashes: list[int]) -> int | None:
+        """Leading blocks of ``hashes`` still held (None: nothing recorded for the node)."""
+        blocks = self._nodes.get(node_id)
+        if blocks is None:
+            return None
+        n = 0
+        for h in hashes:
+            if h not in blocks:
+                break
+            n += 1
+        return n
+
+
+def _capacity_blocks(ctx: RoutingContext, node_id: str) -> int | None:
+    entry = ctx.nodes.get(node_id)
+    if entry is None:
+        return None
+    report = entry.report
+    tokens = report.kv_capacity_tokens if report is not None else None
+    tokens = tokens or entry.spec.kv_capacity_tokens
+    return tokens // BLOCK_SIZE if tokens else None
 
 
 def _affine_by_cache(matches: dict[str, int], scores: dict[str, float], home: list[str]) -> str:
@@ -79,6 +131,27 @@ class HybridPolicy:
     name = "hybrid"
     use_home = True
 
+    def __init__(self) -> None:
+        self.shadow = ShadowLRU()
+
+    @staticmethod
+    def _shadow_on(ctx: RoutingContext) -> bool:
+        # off while the cache signal is the engines' own (policy precise, every node
+        # synced): it knows evictions, no guess on top of it
+        return ctx.flags["eviction_guess"] and not ctx.cache_is_precise
+
+    def _not_evicted(
+        self, req: RouteRequest, ctx: RoutingContext, matches: dict[str, int]
+    ) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for node_id, tokens in matches.items():
+            held = self.shadow.held(node_id, req.block_hashes)
+            if held is not None:
+                tokens = min(tokens, expected_tokens(held, req.prompt_tokens))
+            if tokens > 0:
+                out[node_id] = tokens
+        return out
+
     def choose(self, req: RouteRequest, ctx: RoutingContext) -> RouteDecision:
         cfg = ctx.config
         weights = {
@@ -88,14 +161,20 @@ class HybridPolicy:
             "cold_boost": cfg.cold_boost_weight,
             "load": cfg.load_weight,
         }
-        scores = weighted_scores(req, ctx, weights)
         matches = ctx.prefix_matches(req)
+        if matches and self._shadow_on(ctx):
+            matches = ctx.restrict_matches(self._not_evicted(req, ctx, matches))
+        scores = weighted_scores(req, ctx, weights)
         home = ctx.home_set(req) if self.use_home else []
         if matches:
             affine = _affine_by_cache(matches, scores, home)
             node_id, spilled = pick_with_preference(ctx, scores, affine, cfg.spill_margin_s)
         else:
             node_id, spilled = place_new_prefix(ctx, scores, home), False
+        if self._shadow_on(ctx):
+            cap = _capacity_blocks(ctx, node_id)
+            if cap:
+                self.shadow.record(node_id, req.block_hashes, cap)
         expected = matches.get(node_id, 0)
         if spilled:
             reason = "cost_spill"

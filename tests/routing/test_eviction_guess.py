@@ -3,6 +3,7 @@ node's KV capacity, drops index matches on blocks the engine must have evicted."
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
 from kvgate.routing.policies.hybrid import ShadowLRU
@@ -41,3 +42,21 @@ def test_match_on_an_evicted_prefix_is_dropped(cluster_factory: Factory) -> None
     c.flags = c.router.flags = type(c.flags)({"eviction_guess": False})
     trusted = c.router.route(group_request(1, "d"))
     assert (trusted.node_id, trusted.expected_cached_tokens) == (first, 512), trusted
+
+
+def test_held_is_the_linear_count_on_chains() -> None:
+    """held() binary-searches the chain; what a linear scan finds must agree."""
+    rng = random.Random(3)
+    # chains: block i of group g is (g, i); a request takes a group's first k blocks
+    lru = ShadowLRU()
+    for _ in range(400):
+        g, k = rng.randrange(6), rng.randrange(1, 30)
+        lru.record("n", [g * 100 + i for i in range(k)], capacity_blocks=50)
+        base = rng.randrange(6) * 100
+        probe = [base + i for i in range(30)]
+        linear = 0
+        for h in probe:
+            if h not in lru._nodes["n"]:
+                break
+            linear += 1
+        assert lru.held("n", probe) == linear

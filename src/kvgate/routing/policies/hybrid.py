@@ -64,17 +64,27 @@ class ShadowLRU:
         while len(blocks) > capacity_blocks:
             blocks.popitem(last=False)
 
-    def held(self, node_id: str, hashes: list[int]) -> int | None:
-        """Leading blocks of ``hashes`` still held (None: nothing recorded for the node)."""
+    def held(self, node_id: str, hashes: list[int], upto: int | None = None) -> int | None:
+        """Leading blocks of ``hashes`` (at most ``upto``) still held; None: nothing
+        recorded for the node. Along a chain recency only falls (every request with
+        block i has blocks 0..i−1 and records them after it), so what is held is a
+        prefix of the chain and a binary search finds its end."""
         blocks = self._nodes.get(node_id)
         if blocks is None:
             return None
-        n = 0
-        for h in hashes:
-            if h not in blocks:
-                break
-            n += 1
-        return n
+        n = len(hashes) if upto is None else min(upto, len(hashes))
+        if n == 0 or hashes[0] not in blocks:
+            return 0
+        if hashes[n - 1] in blocks:
+            return n
+        lo, hi = 1, n - 1  # hashes[lo - 1] held, hashes[hi] not
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if hashes[mid] in blocks:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
 
 
 def _capacity_blocks(ctx: RoutingContext, node_id: str) -> int | None:
@@ -145,7 +155,7 @@ class HybridPolicy:
     ) -> dict[str, int]:
         out: dict[str, int] = {}
         for node_id, tokens in matches.items():
-            held = self.shadow.held(node_id, req.block_hashes)
+            held = self.shadow.held(node_id, req.block_hashes, tokens // BLOCK_SIZE)
             if held is not None:
                 tokens = min(tokens, expected_tokens(held, req.prompt_tokens))
             if tokens > 0:

@@ -38,6 +38,12 @@ def test_match_on_an_evicted_prefix_is_dropped(cluster_factory: Factory) -> None
     c.serve(group_request(2, "b"), exclude=tuple(n for n in ("n0", "n1") if n != first))
     again = c.router.route(group_request(1, "c"))
     assert (again.node_id, again.expected_cached_tokens) == (first, 6 * 16), again
+    # (that request was sent there: group 1 is the most recent again) two more groups on
+    # that node: all of group 1 is gone, the next request of it is a new prefix
+    for group, rid in ((3, "e"), (4, "g")):
+        c.serve(group_request(group, rid), exclude=tuple(n for n in ("n0", "n1") if n != first))
+    gone = c.router.route(group_request(1, "f"))
+    assert (gone.reason, gone.expected_cached_tokens) == ("evicted_miss", 0), gone
     # with the guess off, the index's match stands
     c.flags = c.router.flags = type(c.flags)({"eviction_guess": False})
     trusted = c.router.route(group_request(1, "d"))

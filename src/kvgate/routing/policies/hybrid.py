@@ -23,8 +23,9 @@ placement of a few dozen keys is lumpier than least-load placement.)
 An index match is trusted only as far as the blocks a per-node LRU shadow (``ShadowLRU``:
 the blocks this gateway sent to the node, kept to its KV capacity, tail blocks evicted
 first as an engine frees them) still holds: the index remembers a prefix for its TTL, the
-engine only while newer blocks have not pushed it out. With a precise cache signal
-(policy ``precise``, every node synced on its KV events) the guess is off.
+engine only while newer blocks have not pushed it out. A request whose every index match
+is gone so is placed as a new prefix with reason ``evicted_miss``. With a precise cache
+signal (policy ``precise``, every node synced on its KV events) the guess is off.
 
 Flags: ``eviction_guess`` off → every index match is trusted; ``cache_affinity`` off → no cache term and no cached affine node;
 ``consistent_hashing`` off → no home node; ``load_guard`` off → no queue or decode term, so
@@ -172,8 +173,10 @@ class HybridPolicy:
             "load": cfg.load_weight,
         }
         matches = ctx.prefix_matches(req)
+        evicted = False
         if matches and self._shadow_on(ctx):
             matches = ctx.restrict_matches(self._not_evicted(req, ctx, matches))
+            evicted = not matches  # the index's every match is gone from its engine
         scores = weighted_scores(req, ctx, weights)
         home = ctx.home_set(req) if self.use_home else []
         if matches:
@@ -190,6 +193,8 @@ class HybridPolicy:
             reason = "cost_spill"
         elif expected > 0:
             reason = "prefix_match"
+        elif evicted:
+            reason = "evicted_miss"  # counted by kvgate_route_decisions_total
         else:
             reason = "home_set" if home and node_id == home[0] else "least_load_miss"
         candidates = tuple(dict.fromkeys([*matches, *home]))

@@ -65,6 +65,21 @@ def run_cell(args: tuple[str, str, int, int | None, int, tuple[str, ...]]) -> di
     }
 
 
+def _merge(into: dict[tuple[str, str, int], dict[str, Any]], cell: dict[str, Any]) -> None:
+    """Add one cell's policies to the cell of the same (workload, load, seed)."""
+    key = (cell["workload"], cell["load"], cell["seed"])
+    have = into.get(key)
+    if have is None:
+        into[key] = {**cell, "results": dict(cell["results"])}
+    else:
+        have["results"].update(cell["results"])
+        have["wall_s"] += cell["wall_s"]
+
+
+def _only(cell: dict[str, Any], policies: tuple[str, ...]) -> dict[str, Any]:
+    return {**cell, "results": {p: v for p, v in cell["results"].items() if p in policies}}
+
+
 def checks(cell: dict[str, Any]) -> list[str]:
     """Targets missed in one (workload, load, seed) cell, as readable lines."""
     r = cell["results"]
@@ -132,31 +147,34 @@ def main() -> int:
     parser.add_argument(
         "--cells",
         default=None,
-        help="JSON-lines file: each finished cell is appended; cells already there are "
-        "not rerun (resume an interrupted run; tables come from the file)",
+        help="JSON-lines file: each finished cell is appended; a policy whose cell is "
+        "already there is not rerun (resume an interrupted run, or measure policies in "
+        "separate runs into one file; tables come from the file)",
     )
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     workloads = [w for w in args.workloads.split(",") if w]
     loads = [x for x in args.loads.split(",") if x]
     policies = tuple(p for p in args.policies.split(",") if p)
-    jobs = [
-        (w, load, seed, args.requests, args.nodes, policies)
-        for load in loads
-        for w in workloads
-        for seed in seeds
-    ]
-    done: list[dict[str, Any]] = []
+    keys = [(w, load, seed) for load in loads for w in workloads for seed in seeds]
+    # cells already in the file, merged per (workload, load, seed): a policy measured in
+    # an earlier run (e.g. ``--policies oracle``) is not rerun
+    merged: dict[tuple[str, str, int], dict[str, Any]] = {}
     if args.cells and os.path.exists(args.cells):
         with open(args.cells) as fh:
-            done = [json.loads(line) for line in fh if line.strip()]
-    have = {(c["workload"], c["load"], c["seed"]) for c in done}
-    todo = [j for j in jobs if (j[0], j[1], j[2]) not in have]
+            for line in fh:
+                if line.strip():
+                    _merge(merged, json.loads(line))
+    todo = []
+    for key in keys:
+        have = merged[key]["results"] if key in merged else {}
+        missing = tuple(p for p in policies if p not in have)
+        if missing:
+            todo.append((*key, args.requests, args.nodes, missing))
     started = time.perf_counter()
-    cells = [c for c in done if (c["workload"], c["load"], c["seed"]) in {j[:3] for j in jobs}]
 
     def keep(cell: dict[str, Any]) -> None:
-        cells.append(cell)
+        _merge(merged, cell)
         if args.cells:
             with open(args.cells, "a") as fh:
                 fh.write(json.dumps(cell, sort_keys=True) + "\n")
@@ -169,6 +187,7 @@ def main() -> int:
         for j in todo:
             keep(run_cell(j))
     wall = time.perf_counter() - started
+    cells = [_only(merged[k], policies) for k in keys if k in merged]
     command = "python bench/routing_quality.py " + " ".join(sys.argv[1:])
     parts = [f"`{command}` — {len(cells)} cells in {wall:.0f} s wall", ""]
     for w in workloads:

@@ -35,6 +35,12 @@ FLAG_SPECS: tuple[FlagSpec, ...] = (
     ),
     FlagSpec("hit_feedback", True, "predicted hits are never checked; no (node, prefix) demotion"),
     FlagSpec(
+        "eviction_guess",
+        True,
+        "hybrid trusts every index match, even on blocks its per-node LRU shadow says the "
+        "engine has evicted",
+    ),
+    FlagSpec(
         "precise_events",
         True,
         "engine KV cache events are ignored; policy precise routes on the approximate index",

@@ -14,7 +14,7 @@ import pytest
 from kvgate.engine.core import EngineCore
 from kvgate.engine.profiles import Profile, get_profile
 from kvgate.engine.request import EngineEvent, EngineRequest, EventKind
-from kvgate.sim.reference_policies import OraclePolicy
+from kvgate.sim.reference_policies import Extra, OraclePolicy, replay, snapshot
 from kvgate.tokens import block_hashes
 
 H100 = get_profile("llama3-8b-h100")
@@ -114,4 +114,47 @@ def test_prediction_matches_the_engine(
     req = _req("new", prompt, 5, key)
     predicted = _predicted(core, req, now)
     actual = _actual_ttft(core, req, now)
+    assert predicted == pytest.approx(actual, rel=1e-6, abs=1e-9), (predicted, actual)
+
+
+def _actual_first_tokens(
+    core: EngineCore, arrivals: list[tuple[float, EngineRequest]]
+) -> list[float]:
+    """First-token time of each request, added to the engine at its arrival."""
+    events: list[EngineEvent] = []
+    for t, req in arrivals:
+        events += core.advance_to(t)
+        core.add_request(req, t)
+    while (t := core.next_step_time()) is not None:
+        events += core.advance_to(t)
+    first = {e.request_id: e.time for e in events if e.kind is EventKind.FIRST_TOKEN}
+    return [first[req.request_id] for _, req in arrivals]
+
+
+@pytest.mark.parametrize(
+    ("profile", "setup", "gaps"),
+    [
+        (H100, _idle, (0.0, 0.004)),  # the second arrives during the first's prefill
+        (H100, _decoding_batch, (0.003, 0.021)),
+        (H100, _queued_prefill, (0.01, 0.05)),
+        (CPU, _few_decoding, (0.02, 0.05)),  # a decode run cut by each arrival
+        (CPU, _idle, (0.5, 0.7)),  # the engine idles until the first arrives
+    ],
+    ids=["idle", "decoding", "queued", "cpu-decoding", "cpu-idle-gap"],
+)
+def test_replay_of_later_arrivals_matches_the_engine(
+    profile: Profile, setup: Callable[[EngineCore], float], gaps: tuple[float, float]
+) -> None:
+    """The look-ahead's replay: requests arriving after ``now`` (each with its own
+    output length) get their first tokens when the engine gives them theirs."""
+    core = EngineCore(profile)
+    now = setup(core)
+    core.advance_to(now)
+    a, b = _req("a", 900, 30, "a"), _req("b", 400, 10, "b")
+    arrivals = [(now + gaps[0], a), (now + gaps[1], b)]
+    oracle = OraclePolicy({"n": core})
+    snap = snapshot(core, now, oracle._waiting_uncached)
+    extras = [Extra(t, r.prompt_tokens, 0, r.output_tokens) for t, r in arrivals]
+    predicted = replay(core, snap, extras)
+    actual = _actual_first_tokens(core, arrivals)
     assert predicted == pytest.approx(actual, rel=1e-6, abs=1e-9), (predicted, actual)

@@ -140,8 +140,8 @@ class ClusterSim:
         self.engines: dict[str, EngineCore] = {}
         self.dead: set[str] = set()
         self.flags = Flags(config.flags)
-        # reference policies see this simulator's engines (oracle) or nothing of ours
-        register_policy("oracle", lambda: OraclePolicy(self.engines))
+        # reference policies see this simulator's engines and trace (oracle) or nothing of ours
+        register_policy("oracle", lambda: OraclePolicy(self.engines, future=workload.items))
         register_policy("smg-approx", SmgApproxPolicy)
         routing = RoutingConfig(
             policy=policy,

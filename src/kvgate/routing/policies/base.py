@@ -84,6 +84,7 @@ class RoutingContext:
         "_delays",
         "_matches",
         "cache",
+        "cache_is_precise",
         "config",
         "eligible",
         "feedback",
@@ -117,6 +118,8 @@ class RoutingContext:
         self.flags = flags
         self.nodes = nodes
         self.cache = cache
+        # set by a policy that swaps in the engines' own cache state (policy precise)
+        self.cache_is_precise = False
         self.ring = ring
         self.feedback = feedback
         self.queue = queue
@@ -152,6 +155,12 @@ class RoutingContext:
                 if demotion and self.feedback.is_demoted(node_id, req.route_key):
                     continue
                 matches[node_id] = tokens
+        self._matches = matches
+        return matches
+
+    def restrict_matches(self, matches: dict[str, int]) -> dict[str, int]:
+        """Replace this decision's matches (a policy's better guess: fewer nodes or
+        shorter matches), for every scorer that reads them."""
         self._matches = matches
         return matches
 

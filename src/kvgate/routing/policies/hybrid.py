@@ -20,19 +20,82 @@ prefix starts while the cluster is balanced. (Sending every miss to the home nod
 instead cost 1–2 points of hit rate and doubled load CV in the simulator: ring
 placement of a few dozen keys is lumpier than least-load placement.)
 
-Flags: ``cache_affinity`` off → no cache term and no cached affine node;
+An index match is trusted only as far as the blocks a per-node LRU shadow (``ShadowLRU``:
+the blocks this gateway sent to the node, kept to its KV capacity, tail blocks evicted
+first as an engine frees them) still holds: the index remembers a prefix for its TTL, the
+engine only while newer blocks have not pushed it out. A request whose every index match
+is gone so is placed as a new prefix with reason ``evicted_miss``. With a precise cache
+signal (policy ``precise``, every node synced on its KV events) the guess is off.
+
+Flags: ``eviction_guess`` off → every index match is trusted; ``cache_affinity`` off → no cache term and no cached affine node;
 ``consistent_hashing`` off → no home node; ``load_guard`` off → no queue or decode term, so
 affinity is never left (plain affinity); ``cold_boost`` off → no boost.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from kvgate.routing.picker import pick_with_preference
-from kvgate.routing.policies.base import RoutingContext
+from kvgate.routing.policies.base import RoutingContext, expected_tokens
 from kvgate.routing.scorers import weighted_scores
+from kvgate.tokens import BLOCK_SIZE
 from kvgate.types import RouteDecision, RouteRequest
 
 HOT_TRAFFIC = 1.25
+
+
+class ShadowLRU:
+    """Per node, the prompt blocks this gateway sent there, least recently sent first,
+    kept to the node's KV capacity. The engine holds at most that many blocks and
+    evicts the least recently used, so a block pushed out here has been evicted there
+    (short of a request still running on it, or traffic from another gateway): a match
+    the index still lists on such a block is dropped."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, OrderedDict[int, None]] = {}
+
+    def record(self, node_id: str, hashes: list[int], capacity_blocks: int) -> None:
+        blocks = self._nodes.setdefault(node_id, OrderedDict())
+        # last block first: an engine frees a request's blocks tail first, so its
+        # prefix is the last of them to be evicted
+        for h in reversed(hashes):
+            blocks[h] = None
+            blocks.move_to_end(h)
+        while len(blocks) > capacity_blocks:
+            blocks.popitem(last=False)
+
+    def held(self, node_id: str, hashes: list[int], upto: int | None = None) -> int | None:
+        """Leading blocks of ``hashes`` (at most ``upto``) still held; None: nothing
+        recorded for the node. Along a chain recency only falls (every request with
+        block i has blocks 0..i−1 and records them after it), so what is held is a
+        prefix of the chain and a binary search finds its end."""
+        blocks = self._nodes.get(node_id)
+        if blocks is None:
+            return None
+        n = len(hashes) if upto is None else min(upto, len(hashes))
+        if n == 0 or hashes[0] not in blocks:
+            return 0
+        if hashes[n - 1] in blocks:
+            return n
+        lo, hi = 1, n - 1  # hashes[lo - 1] held, hashes[hi] not
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if hashes[mid] in blocks:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+
+def _capacity_blocks(ctx: RoutingContext, node_id: str) -> int | None:
+    entry = ctx.nodes.get(node_id)
+    if entry is None:
+        return None
+    report = entry.report
+    tokens = report.kv_capacity_tokens if report is not None else None
+    tokens = tokens or entry.spec.kv_capacity_tokens
+    return tokens // BLOCK_SIZE if tokens else None
 
 
 def _affine_by_cache(matches: dict[str, int], scores: dict[str, float], home: list[str]) -> str:
@@ -79,6 +142,27 @@ class HybridPolicy:
     name = "hybrid"
     use_home = True
 
+    def __init__(self) -> None:
+        self.shadow = ShadowLRU()
+
+    @staticmethod
+    def _shadow_on(ctx: RoutingContext) -> bool:
+        # off while the cache signal is the engines' own (policy precise, every node
+        # synced): it knows evictions, no guess on top of it
+        return ctx.flags["eviction_guess"] and not ctx.cache_is_precise
+
+    def _not_evicted(
+        self, req: RouteRequest, ctx: RoutingContext, matches: dict[str, int]
+    ) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for node_id, tokens in matches.items():
+            held = self.shadow.held(node_id, req.block_hashes, tokens // BLOCK_SIZE)
+            if held is not None:
+                tokens = min(tokens, expected_tokens(held, req.prompt_tokens))
+            if tokens > 0:
+                out[node_id] = tokens
+        return out
+
     def choose(self, req: RouteRequest, ctx: RoutingContext) -> RouteDecision:
         cfg = ctx.config
         weights = {
@@ -88,19 +172,29 @@ class HybridPolicy:
             "cold_boost": cfg.cold_boost_weight,
             "load": cfg.load_weight,
         }
-        scores = weighted_scores(req, ctx, weights)
         matches = ctx.prefix_matches(req)
+        evicted = False
+        if matches and self._shadow_on(ctx):
+            matches = ctx.restrict_matches(self._not_evicted(req, ctx, matches))
+            evicted = not matches  # the index's every match is gone from its engine
+        scores = weighted_scores(req, ctx, weights)
         home = ctx.home_set(req) if self.use_home else []
         if matches:
             affine = _affine_by_cache(matches, scores, home)
             node_id, spilled = pick_with_preference(ctx, scores, affine, cfg.spill_margin_s)
         else:
             node_id, spilled = place_new_prefix(ctx, scores, home), False
+        if self._shadow_on(ctx):
+            cap = _capacity_blocks(ctx, node_id)
+            if cap:
+                self.shadow.record(node_id, req.block_hashes, cap)
         expected = matches.get(node_id, 0)
         if spilled:
             reason = "cost_spill"
         elif expected > 0:
             reason = "prefix_match"
+        elif evicted:
+            reason = "evicted_miss"  # counted by kvgate_route_decisions_total
         else:
             reason = "home_set" if home and node_id == home[0] else "least_load_miss"
         candidates = tuple(dict.fromkeys([*matches, *home]))

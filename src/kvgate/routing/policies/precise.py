@@ -46,10 +46,11 @@ class PrecisePolicy:
 
     def choose(self, req: RouteRequest, ctx: RoutingContext) -> RouteDecision:
         ctx.cache, state = self._signal(req, ctx)
+        ctx.cache_is_precise = state == "precise"
         decision = self.inner.choose(req, ctx)
         if decision.reason == "prefix_match":
             reason = "precise_match" if state == "precise" else "cache_match"
-        elif decision.reason in ("home_set", "least_load_miss"):
+        elif decision.reason in ("home_set", "least_load_miss", "evicted_miss"):
             reason = "least_cost_miss"
         else:
             reason = decision.reason

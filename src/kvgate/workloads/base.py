@@ -67,16 +67,20 @@ class PromptCache:
     """
 
     def __init__(self, max_entries: int = 4096) -> None:
-        self._prefixes: OrderedDict[str, tuple[list[str], list[int]]] = OrderedDict()
+        # stable text → (its token count, its full blocks' hashes, the pieces after them)
+        self._prefixes: OrderedDict[str, tuple[int, list[int], list[str]]] = OrderedDict()
         self._max = max_entries
 
-    def _prefix(self, text: str) -> tuple[list[str], list[int]]:
+    def _prefix(self, text: str) -> tuple[int, list[int], list[str]]:
         hit = self._prefixes.get(text)
         if hit is not None:
             self._prefixes.move_to_end(text)
             return hit
         pieces = tokenize(text)
-        entry = (pieces, block_hashes(pieces))
+        hashes = block_hashes(pieces)
+        # Only the last partial block's pieces are kept: a cache of whole piece lists
+        # (thousands of small strings per prefix) grows the heap every later step walks.
+        entry = (len(pieces), hashes, pieces[len(hashes) * BLOCK_SIZE :])
         self._prefixes[text] = entry
         if len(self._prefixes) > self._max:
             self._prefixes.popitem(last=False)
@@ -87,10 +91,8 @@ class PromptCache:
         if not stable:
             pieces = tokenize(rest_text)
             return TokenizedPrompt(len(pieces), block_hashes(pieces))
-        p_pieces, p_hashes = self._prefix(stable)
+        p_count, p_hashes, p_tail = self._prefix(stable)
         rest = tokenize(rest_text)
-        full_blocks = len(p_pieces) // BLOCK_SIZE
-        tail = p_pieces[full_blocks * BLOCK_SIZE :] + rest
         parent = p_hashes[-1] if p_hashes else ROOT_HASH
-        hashes = p_hashes + block_hashes(tail, parent=parent)
-        return TokenizedPrompt(len(p_pieces) + len(rest), hashes)
+        hashes = p_hashes + block_hashes(p_tail + rest, parent=parent)
+        return TokenizedPrompt(p_count + len(rest), hashes)

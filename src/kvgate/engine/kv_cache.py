@@ -231,8 +231,12 @@ class KVCacheManager:
         pool = self.pool
         need = -(-total_tokens // self.block_size) - len(table) - len(new_cached)
         if new_cached:
-            free_cached = list(map(pool.ref_cnt.__getitem__, new_cached)).count(0)
-            if need > pool.num_free - free_cached:
+            # Cached blocks that are free now leave the free queue when touched; count
+            # them only when the room is in doubt (it is not when all of them could be).
+            free_now = pool.num_free
+            if need > free_now - len(new_cached) and need > free_now - list(
+                map(pool.ref_cnt.__getitem__, new_cached)
+            ).count(0):
                 if not table:
                     del self.tables[request_id]
                 return False

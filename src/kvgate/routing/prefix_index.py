@@ -71,9 +71,14 @@ class _Run:
         self.holders = holders
         self.parent = parent
         self.children: dict[int, _Run] = {}  # first hash → run below this one
-        # neighbours in the LRU list while present; itself when not linked
-        self.prev: _Run = self
-        self.next: _Run = self
+        # neighbours in the LRU list while present, else _UNLINKED (not the run itself:
+        # a removed run must be freed at once, not left to the cyclic GC)
+        self.prev: _Run = _UNLINKED
+        self.next: _Run = _UNLINKED
+
+
+_UNLINKED = object.__new__(_Run)
+_UNLINKED.prev = _UNLINKED.next = _UNLINKED
 
 
 @dataclass(slots=True)
@@ -96,6 +101,7 @@ class PrefixIndex:
         # Present runs, least recently touched first (a circular list through a sentinel).
         # A run's blocks sit together in the per-block order, deepest first.
         self._lru = _Run([], None, None)
+        self._lru.prev = self._lru.next = self._lru
         self._entries = 0
         self._num_blocks = 0
         self.evictions = 0
@@ -133,7 +139,7 @@ class PrefixIndex:
         prev, after = run.prev, run.next
         prev.next = after
         after.prev = prev
-        run.prev = run.next = run
+        run.prev = run.next = _UNLINKED
         run.holders = None
         while run.holders is None and not run.children:
             parent = run.parent
@@ -248,7 +254,7 @@ class PrefixIndex:
         lru = self._lru
         for run in reversed(path):
             after = run.next
-            if after is not run:
+            if after is not _UNLINKED:
                 prev = run.prev
                 prev.next = after
                 after.prev = prev

@@ -97,3 +97,41 @@ def test_reset_prefix_cache_drops_only_free_blocks() -> None:
     kv.free("a")
     assert kv.pool.reset_prefix_cache() == 1
     assert kv.pool.lookup([1]) == [] and len(kv.pool.lookup([2])) == 1
+
+
+def _plain_lookup(pool: BlockPool, hashes: list[int]) -> list[int]:
+    out = []
+    for h in hashes:
+        if h not in pool.cached:
+            break
+        out.append(pool.cached[h])
+    return out
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_lookup_answers_as_a_plain_probe_of_the_cache_map(seed: int) -> None:
+    # lookup remembers runs it found; requests, evictions and resets in between must never
+    # make it answer differently from probing the map block by block
+    import random
+
+    rng = random.Random(seed)
+    kv = KVCacheManager(rng.choice([12, 30]), 4)
+    heads = [[100 * g + i for i in range(rng.randint(1, 6))] for g in range(4)]
+    running: list[str] = []
+    for step in range(300):
+        head = rng.choice(heads)
+        chain = head[: rng.randint(1, len(head))] + [10_000 + step * 10 + i for i in range(2)]
+        op = rng.random()
+        if op < 0.5:
+            rid = f"r{step}"
+            cached = kv.cached_prefix_blocks(chain, len(chain) * 4)
+            assert kv.pool.lookup(chain) == _plain_lookup(kv.pool, chain)
+            if kv.allocate(rid, len(chain) * 4, cached):
+                kv.cache_full_blocks(rid, chain, len(chain) * 4, len(cached))
+                running.append(rid)
+        elif op < 0.9 and running:
+            kv.free(running.pop(rng.randrange(len(running))))
+        elif op < 0.95:
+            kv.pool.reset_prefix_cache()
+        for probe in (chain, rng.choice(heads), chain[:1]):
+            assert kv.pool.lookup(probe) == _plain_lookup(kv.pool, probe)

@@ -44,3 +44,20 @@ def test_prompt_cache_matches_plain_tokenizing(messages: list[dict[str, Any]]) -
         got = cache.prompt(item)
         assert got.prompt_tokens == len(pieces)
         assert got.block_hashes == block_hashes(pieces)
+
+
+def test_prompt_cache_tells_apart_system_prompts_that_end_alike() -> None:
+    # the cache is keyed by a stable text's length and end: texts sharing both still get
+    # their own tokens and hashes
+    cache = PromptCache()
+    end = " same ending" * 20
+    items = [
+        WorkItem(f"r{i}", 0.0, "t", [{"role": "system", "content": head + end}, user], 8)
+        for i, head in enumerate(["alpha beta", "gamma delt", "alpha beta"])
+        for user in ({"role": "user", "content": f"question {i}"},)
+    ]
+    for _ in range(2):
+        for item in items:
+            pieces = tokenize(render_chat(item.messages))
+            got = cache.prompt(item)
+            assert (got.prompt_tokens, got.block_hashes) == (len(pieces), block_hashes(pieces))

@@ -337,29 +337,45 @@ class EngineCore:
         bs = self.profile.block_size
         kv = self.scheduler.kv
         tables = kv.tables
-        needs: list[tuple[int, int, Sequence]] = []
+        # Each sequence needs a block at steps j0, j0 + bs, ... (j0 in 2..bs+1). Single
+        # steps allocate in (step, batch position) order, which is round by round (every
+        # bs steps), each round in (j0, batch position) order.
+        starts: list[tuple[int, int, Sequence]] = []
         one_each = True  # every need is one new block (the table ends where step j starts)
+        total = 0
         for idx, (seq, _) in enumerate(st.plan.scheduled):
             if seq.done:
                 continue
             c = seq.num_computed
             # Step j computes token c+j-1 and needs a new block when it starts one.
             j = 2 + (-(c + 1)) % bs
-            if j <= steps and len(tables[seq.request_id]) * bs != c + j - 1:
-                one_each = False
-            while j <= steps:
-                needs.append((j, idx, seq))
-                j += bs
-        if not needs:
+            if j <= steps:
+                if len(tables[seq.request_id]) * bs != c + j - 1:
+                    one_each = False
+                starts.append((j, idx, seq))
+                total += (steps - j) // bs + 1
+        if not starts:
             return
-        needs.sort()  # by step, then batch position ((j, idx) pairs are unique)
+        starts.sort()  # (j0, idx) pairs are unique
         pool = kv.pool
-        if one_each and len(needs) <= pool.num_free:
+        if one_each and total <= pool.num_free:
             # One pool allocation hands out the same blocks, in the same order, as the
-            # step-by-step allocations below.
-            for (_, _, seq), block in zip(needs, pool.allocate(len(needs)), strict=True):
-                tables[seq.request_id].append(block)
+            # step-by-step allocations below. The counts differ by at most one (j0 spans
+            # fewer than bs values): every sequence takes one block per full round, and
+            # the last, partial round goes to a prefix of ``starts`` (the smallest j0).
+            blocks = pool.allocate(total)
+            m = len(starts)
+            full = (steps - starts[-1][0]) // bs + 1  # rounds every sequence takes part in
+            end = full * m
+            for p, (_, _, seq) in enumerate(starts):
+                tables[seq.request_id].extend(blocks[p:end:m])
+            for p in range(total - end):
+                tables[starts[p][2].request_id].append(blocks[end + p])
             return
+        needs = [
+            (j + r * bs, idx, seq) for j, idx, seq in starts for r in range((steps - j) // bs + 1)
+        ]
+        needs.sort()
         for j, _, seq in needs:
             kv.allocate(seq.request_id, seq.num_computed + j)
 

@@ -28,6 +28,9 @@ class CacheEvent(NamedTuple):
     token_ids: Sequence[int] = ()  # stored: the blocks' token ids, when the request has them
 
 
+_LOOKUP_MEMO = 64  # first hashes a pool remembers lookups for (then it starts over)
+
+
 class BlockPool:
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 1:
@@ -46,6 +49,12 @@ class BlockPool:
         self.free_queue: OrderedDict[int, None] = OrderedDict()  # values unused
         self.evictions = 0
         self.events: list[CacheEvent] | None = None  # None: no cache events recorded
+        # ``lookup`` remembers its last answer per first hash: (removals then, the hashes
+        # found, their blocks). The map only gains entries between two removals (a hash
+        # keeps its block until it is removed), so while none happened the remembered
+        # run is still cached and only the hashes after it need probing.
+        self._removals = 0
+        self._lookups: dict[int, tuple[int, list[int], list[int]]] = {}
 
     def drain_events(self) -> list[CacheEvent]:
         """Cache events recorded since the last drain (empty when events are off)."""
@@ -68,13 +77,30 @@ class BlockPool:
 
     def lookup(self, hashes: Sequence[int]) -> list[int]:
         """Block ids of the longest cached run of leading hashes (no side effects)."""
-        out: list[int] = []
+        if not hashes:
+            return []
+        known = self._lookups.get(hashes[0])
+        if (
+            known is not None
+            and known[0] == self._removals
+            and type(hashes) is list
+            and hashes[: len(known[1])] == known[1]
+        ):
+            out = known[2][:]
+        else:
+            known = None
+            out = []
+        start = len(out)
         get = self.cached.get
-        for h in hashes:
-            block = get(h)
+        for i in range(start, len(hashes)):
+            block = get(hashes[i])
             if block is None:
                 break
             out.append(block)
+        if len(out) > start and type(hashes) is list:
+            if known is None and len(self._lookups) >= _LOOKUP_MEMO:
+                self._lookups.clear()
+            self._lookups[hashes[0]] = (self._removals, hashes[: len(out)], out[:])
         return out
 
     def touch(self, blocks: Sequence[int]) -> None:
@@ -123,6 +149,7 @@ class BlockPool:
                 self.block_hash[b] = None
                 if self.cached.get(h) == b:
                     del self.cached[h]
+                    self._removals += 1
                     events = self.events
                     if events is not None:
                         if events and events[-1].kind == "removed":
@@ -177,6 +204,7 @@ class BlockPool:
                 self.block_hash[b] = None
                 if self.cached.get(h) == b:
                     del self.cached[h]
+                    self._removals += 1
                     removed.append(h)
                 dropped += 1
         if self.events is not None and removed:
@@ -231,8 +259,12 @@ class KVCacheManager:
         pool = self.pool
         need = -(-total_tokens // self.block_size) - len(table) - len(new_cached)
         if new_cached:
-            free_cached = list(map(pool.ref_cnt.__getitem__, new_cached)).count(0)
-            if need > pool.num_free - free_cached:
+            # Cached blocks that are free now leave the free queue when touched; count
+            # them only when the room is in doubt (it is not when all of them could be).
+            free_now = pool.num_free
+            if need > free_now - len(new_cached) and need > free_now - list(
+                map(pool.ref_cnt.__getitem__, new_cached)
+            ).count(0):
                 if not table:
                     del self.tables[request_id]
                 return False

@@ -63,7 +63,7 @@ class ResponseHooks:
         if not ok:
             # the attempt computed nothing: forget the blocks it would have added
             known = decision.expected_cached_tokens // BLOCK_SIZE
-            self.index.drop(node_id, req.block_hashes[known:])
+            self.index.drop(node_id, req.block_hashes, start=known)
             return
         metrics = self.metrics
         if actual_cached_tokens is not None:

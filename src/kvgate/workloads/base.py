@@ -57,6 +57,9 @@ class TokenizedPrompt:
     block_hashes: list[int]
 
 
+_KEY_CHARS = 64  # of a stable text's end, with its length, key the prompt cache
+
+
 class PromptCache:
     """Tokenizes rendered prompts, reusing the work done for a shared leading part.
 
@@ -67,30 +70,40 @@ class PromptCache:
     """
 
     def __init__(self, max_entries: int = 4096) -> None:
-        self._prefixes: OrderedDict[str, tuple[list[str], list[int]]] = OrderedDict()
+        # (length, last characters) of a stable text → (the text, its token count, its
+        # full blocks' hashes, the pieces after them). Each request renders its stable
+        # text anew, and hashing a fresh 10 kB string per lookup costs more than comparing
+        # it with the one text its short key finds (a key shared by two texts only makes
+        # them take turns in the cache).
+        self._prefixes: OrderedDict[tuple[int, str], tuple[str, int, list[int], list[str]]] = (
+            OrderedDict()
+        )
         self._max = max_entries
 
-    def _prefix(self, text: str) -> tuple[list[str], list[int]]:
-        hit = self._prefixes.get(text)
-        if hit is not None:
-            self._prefixes.move_to_end(text)
-            return hit
+    def _prefix(self, text: str) -> tuple[int, list[int], list[str]]:
+        key = (len(text), text[-_KEY_CHARS:])
+        hit = self._prefixes.get(key)
+        if hit is not None and hit[0] == text:
+            self._prefixes.move_to_end(key)
+            return hit[1], hit[2], hit[3]
         pieces = tokenize(text)
-        entry = (pieces, block_hashes(pieces))
-        self._prefixes[text] = entry
+        hashes = block_hashes(pieces)
+        # Only the last partial block's pieces are kept: a cache of whole piece lists
+        # (thousands of small strings per prefix) grows the heap every later step walks.
+        tail = pieces[len(hashes) * BLOCK_SIZE :]
+        self._prefixes[key] = (text, len(pieces), hashes, tail)
+        self._prefixes.move_to_end(key)
         if len(self._prefixes) > self._max:
             self._prefixes.popitem(last=False)
-        return entry
+        return len(pieces), hashes, tail
 
     def prompt(self, item: WorkItem) -> TokenizedPrompt:
         stable, rest_text = render_chat_parts(item.messages)
         if not stable:
             pieces = tokenize(rest_text)
             return TokenizedPrompt(len(pieces), block_hashes(pieces))
-        p_pieces, p_hashes = self._prefix(stable)
+        p_count, p_hashes, p_tail = self._prefix(stable)
         rest = tokenize(rest_text)
-        full_blocks = len(p_pieces) // BLOCK_SIZE
-        tail = p_pieces[full_blocks * BLOCK_SIZE :] + rest
         parent = p_hashes[-1] if p_hashes else ROOT_HASH
-        hashes = p_hashes + block_hashes(tail, parent=parent)
-        return TokenizedPrompt(len(p_pieces) + len(rest), hashes)
+        hashes = p_hashes + block_hashes(p_tail + rest, parent=parent)
+        return TokenizedPrompt(p_count + len(rest), hashes)

@@ -1,7 +1,9 @@
 """Cost of one routing decision at scale (in-process, no HTTP).
 
 64 nodes, prefix index pre-filled with ~1M (block, node) entries, an 8k-token prompt
-(512 blocks) whose prefix is cached at different depths on a few nodes. Reports p50/p99
+(512 blocks) whose prefix is cached at different depths on a few nodes. The node reports
+carry a KV capacity, as the vLLM, SGLang and engine-sim adapters' do, so hybrid's eviction
+guess runs (``--kv-capacity-tokens 0``: reports without one). Reports p50/p99
 of ``Router.route`` for hybrid and for round_robin in the same run (ratio), the cost of
 ``build_route_request`` (render + tokenize + chained hashes) and of the bookkeeping
 ``on_dispatch`` + ``on_complete`` (which records 512 blocks in the index).
@@ -46,7 +48,7 @@ def timed(fn: Callable[[], object], iterations: int) -> list[float]:
 
 
 def build_router(
-    policy: str, entries: int, rng: random.Random, *, warm: bool = True
+    policy: str, entries: int, rng: random.Random, *, warm: bool = True, kv_capacity: int = 0
 ) -> tuple[Router, ManualClock]:
     """``warm``: every node is past its cold-boost window (the steady state)."""
     clock = ManualClock(0.0)
@@ -65,6 +67,7 @@ def build_router(
                 running=rng.randint(2, 4),
                 waiting=0,
                 kv_usage=0.2 + rng.random() * 0.1,
+                kv_capacity_tokens=kv_capacity or None,
             )
         )
     # Fill the index with unrelated prompts: 512 blocks each, spread over all nodes.
@@ -106,6 +109,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--entries", type=int, default=1_000_000)
     parser.add_argument("--iterations", type=int, default=5000)
+    parser.add_argument(
+        "--kv-capacity-tokens",
+        type=int,
+        default=262_144,
+        help="KV capacity in each node report (0: none, which turns the eviction guess off)",
+    )
     args = parser.parse_args()
     rng = random.Random(42)
     body, req = make_request(rng)
@@ -117,7 +126,11 @@ def main() -> int:
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         cold = policy.endswith("(cold)")
         router, clock = build_router(
-            policy.removesuffix("(cold)"), args.entries, random.Random(7), warm=not cold
+            policy.removesuffix("(cold)"),
+            args.entries,
+            random.Random(7),
+            warm=not cold,
+            kv_capacity=args.kv_capacity_tokens,
         )
         # the request's own prefix is cached at several depths on a few nodes
         for depth, node in ((400, "node03"), (375, "node17"), (120, "node40"), (512, "node55")):

@@ -4,6 +4,7 @@ node's KV capacity, drops index matches on blocks the engine must have evicted."
 from __future__ import annotations
 
 import random
+from collections import OrderedDict
 from collections.abc import Callable
 
 from kvgate.routing.policies.hybrid import ShadowLRU
@@ -50,19 +51,48 @@ def test_match_on_an_evicted_prefix_is_dropped(cluster_factory: Factory) -> None
     assert (trusted.node_id, trusted.expected_cached_tokens) == (first, 512), trusted
 
 
-def test_held_is_the_linear_count_on_chains() -> None:
-    """held() binary-searches the chain; what a linear scan finds must agree."""
-    rng = random.Random(3)
-    # chains: block i of group g is (g, i); a request takes a group's first k blocks
-    lru = ShadowLRU()
-    for _ in range(400):
-        g, k = rng.randrange(6), rng.randrange(1, 30)
-        lru.record("n", [g * 100 + i for i in range(k)], capacity_blocks=50)
-        base = rng.randrange(6) * 100
-        probe = [base + i for i in range(30)]
-        linear = 0
-        for h in probe:
-            if h not in lru._nodes["n"]:
+class PlainShadow:
+    """The eviction guess's meaning, one LRU entry per block: a record touches the chain
+    deepest first and evicts the least recently touched blocks beyond the capacity."""
+
+    def __init__(self) -> None:
+        self.blocks: OrderedDict[int, None] = OrderedDict()
+
+    def record(self, hashes: list[int], capacity_blocks: int) -> None:
+        for h in reversed(hashes):
+            self.blocks[h] = None
+            self.blocks.move_to_end(h)
+        while len(self.blocks) > capacity_blocks:
+            self.blocks.popitem(last=False)
+
+    def held(self, hashes: list[int], upto: int) -> int:
+        count = 0
+        for h in hashes[:upto]:
+            if h not in self.blocks:
                 break
-            linear += 1
-        assert lru.held("n", probe) == linear
+            count += 1
+        return count
+
+
+def test_shadow_answers_as_a_per_block_lru() -> None:
+    """Chains that share heads and branch, capacities that change between records:
+    every held() answer is the plain per-block LRU's."""
+    rng = random.Random(3)
+    lru, plain = ShadowLRU(), PlainShadow()
+    for step in range(3000):
+        g = rng.randrange(8)
+        # block i of group g identifies its prefix; group g's chains branch after a head
+        # of g * 5 blocks into one of three tails
+        head = [g * 1000 + i for i in range(g * 5)]
+        tail = rng.randrange(3)
+        chain = head + [g * 1000 + 500 + tail * 100 + i for i in range(rng.randrange(1, 30))]
+        chain = chain[: rng.randrange(1, len(chain) + 1)]
+        capacity = rng.choice((40, 80, 120)) if step % 100 == 0 else 80
+        lru.record("n", chain, capacity_blocks=capacity)
+        plain.record(chain, capacity)
+        probe_group = rng.randrange(8)
+        probe = [probe_group * 1000 + i for i in range(probe_group * 5)]
+        probe_tail = probe_group * 1000 + 500 + rng.randrange(3) * 100
+        probe += [probe_tail + i for i in range(30)]
+        upto = rng.randrange(1, len(probe) + 1)
+        assert lru.held("n", probe, upto) == plain.held(probe, upto), step

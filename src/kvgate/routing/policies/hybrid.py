@@ -34,15 +34,18 @@ affinity is never left (plain affinity); ``cold_boost`` off → no boost.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import sys
 
 from kvgate.routing.picker import pick_with_preference
 from kvgate.routing.policies.base import RoutingContext, expected_tokens
+from kvgate.routing.prefix_index import PrefixIndex
 from kvgate.routing.scorers import weighted_scores
 from kvgate.tokens import BLOCK_SIZE
 from kvgate.types import RouteDecision, RouteRequest
 
 HOT_TRAFFIC = 1.25
+# the shadow's blocks never expire (finite: the index reads an absent block as -inf old)
+_NO_TTL = sys.float_info.max
 
 
 class ShadowLRU:
@@ -50,42 +53,33 @@ class ShadowLRU:
     kept to the node's KV capacity. The engine holds at most that many blocks and
     evicts the least recently used, so a block pushed out here has been evicted there
     (short of a request still running on it, or traffic from another gateway): a match
-    the index still lists on such a block is dropped."""
+    the index still lists on such a block is dropped.
+
+    Each node's shadow is a ``PrefixIndex`` of its own with no TTL, bounded to the node's
+    capacity in blocks: the index already keeps a per-block LRU (a chain touched deepest
+    first, so a prefix outlives its tail) and stores it as runs, so a record costs per
+    run on the prompt's path, not per block."""
 
     def __init__(self) -> None:
-        self._nodes: dict[str, OrderedDict[int, None]] = {}
+        self._nodes: dict[str, PrefixIndex] = {}
 
     def record(self, node_id: str, hashes: list[int], capacity_blocks: int) -> None:
-        blocks = self._nodes.setdefault(node_id, OrderedDict())
-        # last block first: an engine frees a request's blocks tail first, so its
-        # prefix is the last of them to be evicted
-        for h in reversed(hashes):
-            blocks[h] = None
-            blocks.move_to_end(h)
-        while len(blocks) > capacity_blocks:
-            blocks.popitem(last=False)
+        shadow = self._nodes.get(node_id)
+        if shadow is None:
+            shadow = self._nodes[node_id] = PrefixIndex(_NO_TTL, capacity_blocks)
+        else:
+            shadow.max_entries = capacity_blocks  # the next record evicts down to it
+        shadow.record(node_id, hashes, 0.0)  # no TTL: the order of calls is the LRU order
 
     def held(self, node_id: str, hashes: list[int], upto: int | None = None) -> int | None:
         """Leading blocks of ``hashes`` (at most ``upto``) still held; None: nothing
-        recorded for the node. Along a chain recency only falls (every request with
-        block i has blocks 0..i−1 and records them after it), so what is held is a
-        prefix of the chain and a binary search finds its end."""
-        blocks = self._nodes.get(node_id)
-        if blocks is None:
+        recorded for the node."""
+        shadow = self._nodes.get(node_id)
+        if shadow is None:
             return None
-        n = len(hashes) if upto is None else min(upto, len(hashes))
-        if n == 0 or hashes[0] not in blocks:
-            return 0
-        if hashes[n - 1] in blocks:
-            return n
-        lo, hi = 1, n - 1  # hashes[lo - 1] held, hashes[hi] not
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if hashes[mid] in blocks:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+        if upto is not None and upto < len(hashes):
+            hashes = hashes[:upto]
+        return shadow.match(hashes, 0.0).get(node_id, 0)
 
 
 def _capacity_blocks(ctx: RoutingContext, node_id: str) -> int | None:

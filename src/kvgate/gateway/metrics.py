@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from kvgate.metric_children import BoundChildren
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
-class GatewayMetrics:
+class GatewayMetrics(BoundChildren):
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        super().__init__()
         self.requests = Counter(
             "kvgate_requests",
             "Requests answered, by endpoint and HTTP status",
@@ -86,11 +86,3 @@ class GatewayMetrics:
             ["status"],
             registry=registry,
         )
-
-    def child(self, metric: Any, *labels: str) -> Any:
-        """``metric.labels(*labels)``, bound once: the per-request path skips the lookup."""
-        key = (id(metric), labels)
-        bound = self._children.get(key)
-        if bound is None:
-            bound = self._children[key] = metric.labels(*labels)
-        return bound

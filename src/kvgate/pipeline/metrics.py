@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from prometheus_client import CollectorRegistry, Counter
 
+from kvgate.metric_children import BoundChildren
 
-class PipelineMetrics:
+
+class PipelineMetrics(BoundChildren):
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.retries = Counter(
             "kvgate_retries",
@@ -45,13 +45,4 @@ class PipelineMetrics:
             ["mode"],
             registry=registry,
         )
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
-
-    def child(self, metric: Any, *labels: str) -> Any:
-        """``metric.labels(*labels)``, bound once: the per-request path skips the lookup
-        (no pipeline metric ever removes a label set, so a bound child stays current)."""
-        key = (id(metric), labels)
-        bound = self._children.get(key)
-        if bound is None:
-            bound = self._children[key] = metric.labels(*labels)
-        return bound
+        super().__init__()

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from kvgate.metric_children import BoundChildren
 from kvgate.types import NodeState
 
 
-class RoutingMetrics:
+class RoutingMetrics(BoundChildren):
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        super().__init__()
         r = self.registry
         self.decisions = Counter(
             "kvgate_route_decisions_total",
@@ -68,15 +68,6 @@ class RoutingMetrics:
             ["node"],
             registry=r,
         )
-
-    def child(self, metric: Any, *labels: str) -> Any:
-        """``metric.labels(*labels)``, bound once: the per-request path skips the lookup
-        (no routing metric ever removes a label set, so a bound child stays current)."""
-        key = (id(metric), labels)
-        bound = self._children.get(key)
-        if bound is None:
-            bound = self._children[key] = metric.labels(*labels)
-        return bound
 
     def add_live_collector(self, collect: Callable[[], Iterator[GaugeMetricFamily]]) -> None:
         self.registry.register(_Live(collect))

@@ -14,7 +14,7 @@ def _fresh_kv(nodes: NodeView) -> list[tuple[float, int]]:
     out = []
     for entry in nodes.list():
         report = entry.report
-        capacity = (report.kv_capacity_tokens if report else None) or entry.spec.kv_capacity_tokens
+        capacity = entry.kv_capacity_tokens
         if report is None or report.stale or not capacity:
             continue
         out.append((report.kv_usage, capacity))

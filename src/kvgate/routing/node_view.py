@@ -78,6 +78,12 @@ class NodeEntry:
         return self.spec.node_id
 
     @property
+    def kv_capacity_tokens(self) -> int | None:
+        """The engine's KV capacity: as last reported, else as configured."""
+        report = self.report
+        return (report.kv_capacity_tokens if report else None) or self.spec.kv_capacity_tokens
+
+    @property
     def inflight_requests(self) -> int:
         return len(self.inflight)
 

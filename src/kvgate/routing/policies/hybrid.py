@@ -86,9 +86,7 @@ def _capacity_blocks(ctx: RoutingContext, node_id: str) -> int | None:
     entry = ctx.nodes.get(node_id)
     if entry is None:
         return None
-    report = entry.report
-    tokens = report.kv_capacity_tokens if report is not None else None
-    tokens = tokens or entry.spec.kv_capacity_tokens
+    tokens = entry.kv_capacity_tokens
     return tokens // BLOCK_SIZE if tokens else None
 
 

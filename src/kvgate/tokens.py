@@ -66,8 +66,51 @@ def text_block_hashes(text: str, block_size: int = BLOCK_SIZE) -> tuple[int, lis
     return len(pieces), block_hashes(pieces, block_size)
 
 
-_HEAD_CACHE: OrderedDict[str, tuple[int, list[int], list[str]]] = OrderedDict()
+_KEY_CHARS = 64  # of a head's end: with its length, the head cache's key
+
+
+class HeadCache:
+    """Tokens and block hashes of shared heads (a system prompt many prompts start with),
+    computed once per head: ``hashes(head, rest)`` is ``text_block_hashes(head + rest)``
+    where no token crosses the cut (the caller's promise).
+
+    An LRU keyed by the head's length and last characters, then compared with the text:
+    each request renders its head anew, and hashing a fresh 10 kB string per lookup costs
+    more than comparing it with the one text its short key finds (two heads sharing a key
+    only take turns in the cache). Only the head's last partial block of pieces is kept,
+    not all its pieces (thousands of small strings per head)."""
+
+    def __init__(self, max_entries: int) -> None:
+        self._heads: OrderedDict[tuple[int, str, int], tuple[str, int, list[int], list[str]]]
+        self._heads = OrderedDict()
+        self._max = max_entries
+
+    def _head(self, head: str, block_size: int) -> tuple[int, list[int], list[str]]:
+        key = (len(head), head[-_KEY_CHARS:], block_size)
+        heads = self._heads
+        hit = heads.get(key)
+        if hit is not None and hit[0] == head:
+            heads.move_to_end(key)
+            return hit[1], hit[2], hit[3]
+        pieces = tokenize(head)
+        hashes = block_hashes(pieces, block_size)
+        leftover = pieces[len(hashes) * block_size :]
+        heads[key] = (head, len(pieces), hashes, leftover)
+        heads.move_to_end(key)
+        if len(heads) > self._max:
+            heads.popitem(last=False)
+        return len(pieces), hashes, leftover
+
+    def hashes(self, head: str, rest: str, block_size: int = BLOCK_SIZE) -> tuple[int, list[int]]:
+        """(token count, chained full-block hashes) of ``head + rest``."""
+        n_head, head_hashes, leftover = self._head(head, block_size)
+        more = tokenize(rest)
+        parent = head_hashes[-1] if head_hashes else ROOT_HASH
+        return n_head + len(more), head_hashes + block_hashes(leftover + more, block_size, parent)
+
+
 HEAD_CACHE_SIZE = 512
+_HEADS = HeadCache(HEAD_CACHE_SIZE)
 
 
 def text_block_hashes_with_head(
@@ -75,29 +118,14 @@ def text_block_hashes_with_head(
 ) -> tuple[int, list[int]]:
     """``text_block_hashes(text)``, reusing the work for ``text[:head_len]`` across calls.
 
-    The head (a system prompt shared by many requests) is tokenized and hashed once and
-    kept in an LRU. Exact only where no token crosses the cut: the head ends with a
+    The head (a system prompt shared by many requests) is tokenized and hashed once
+    (``HeadCache``). Exact only where no token crosses the cut: the head ends with a
     newline and the rest starts with a non-space character (then every token pattern
     stops at the cut); otherwise this is the plain computation.
     """
     if not 0 < head_len < len(text) or text[head_len - 1] != "\n" or text[head_len].isspace():
         return text_block_hashes(text, block_size)
-    head = text[:head_len]
-    cached = _HEAD_CACHE.get(head)
-    if cached is None:
-        pieces = tokenize(head)
-        hashes = block_hashes(pieces, block_size)
-        cached = (len(pieces), hashes, pieces[len(hashes) * block_size :])
-        _HEAD_CACHE[head] = cached
-        if len(_HEAD_CACHE) > HEAD_CACHE_SIZE:
-            _HEAD_CACHE.popitem(last=False)
-    else:
-        _HEAD_CACHE.move_to_end(head)
-    n_head, head_hashes, leftover = cached
-    rest = tokenize(text[head_len:])
-    parent = head_hashes[-1] if head_hashes else ROOT_HASH
-    more = block_hashes(leftover + rest, block_size, parent)
-    return n_head + len(rest), head_hashes + more
+    return _HEADS.hashes(text[:head_len], text[head_len:], block_size)
 
 
 _WORD_LIST = (

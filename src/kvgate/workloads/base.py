@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvgate.prompts import render_chat_parts
 from kvgate.routing.config import RouteKeyConfig
 from kvgate.routing.route_key import route_key_for
-from kvgate.tokens import BLOCK_SIZE, ROOT_HASH, block_hashes, tokenize
+from kvgate.tokens import HeadCache, block_hashes, tokenize
 
 
 @dataclass(slots=True)
@@ -57,53 +56,21 @@ class TokenizedPrompt:
     block_hashes: list[int]
 
 
-_KEY_CHARS = 64  # of a stable text's end, with its length, key the prompt cache
-
-
 class PromptCache:
     """Tokenizes rendered prompts, reusing the work done for a shared leading part.
 
     The rendered chat text is ``stable_prefix`` + the rest, and the stable prefix ends in
     a newline followed by ``<|``, a boundary the tokenizer never merges across, so the
     pieces of the whole text are the stable part's pieces followed by the rest's.
-    Identical stable prefixes (system prompt + tools) are tokenized and hashed once.
+    Identical stable prefixes (system prompt + tools) are tokenized and hashed once (``HeadCache``, as the gateway does).
     """
 
     def __init__(self, max_entries: int = 4096) -> None:
-        # (length, last characters) of a stable text → (the text, its token count, its
-        # full blocks' hashes, the pieces after them). Each request renders its stable
-        # text anew, and hashing a fresh 10 kB string per lookup costs more than comparing
-        # it with the one text its short key finds (a key shared by two texts only makes
-        # them take turns in the cache).
-        self._prefixes: OrderedDict[tuple[int, str], tuple[str, int, list[int], list[str]]] = (
-            OrderedDict()
-        )
-        self._max = max_entries
-
-    def _prefix(self, text: str) -> tuple[int, list[int], list[str]]:
-        key = (len(text), text[-_KEY_CHARS:])
-        hit = self._prefixes.get(key)
-        if hit is not None and hit[0] == text:
-            self._prefixes.move_to_end(key)
-            return hit[1], hit[2], hit[3]
-        pieces = tokenize(text)
-        hashes = block_hashes(pieces)
-        # Only the last partial block's pieces are kept: a cache of whole piece lists
-        # (thousands of small strings per prefix) grows the heap every later step walks.
-        tail = pieces[len(hashes) * BLOCK_SIZE :]
-        self._prefixes[key] = (text, len(pieces), hashes, tail)
-        self._prefixes.move_to_end(key)
-        if len(self._prefixes) > self._max:
-            self._prefixes.popitem(last=False)
-        return len(pieces), hashes, tail
+        self._heads = HeadCache(max_entries)
 
     def prompt(self, item: WorkItem) -> TokenizedPrompt:
         stable, rest_text = render_chat_parts(item.messages)
         if not stable:
             pieces = tokenize(rest_text)
             return TokenizedPrompt(len(pieces), block_hashes(pieces))
-        p_count, p_hashes, p_tail = self._prefix(stable)
-        rest = tokenize(rest_text)
-        parent = p_hashes[-1] if p_hashes else ROOT_HASH
-        hashes = p_hashes + block_hashes(p_tail + rest, parent=parent)
-        return TokenizedPrompt(p_count + len(rest), hashes)
+        return TokenizedPrompt(*self._heads.hashes(stable, rest_text))

@@ -200,7 +200,6 @@ class OraclePolicy:
             node = ctx.pick({n: -t for n, t in cost.items()})
         else:
             node = self._place_new(req, ctx, cost)
-        self._owner[req.route_key] = node
         reason = "oracle"
         # the look-ahead only where a queue has formed: on engines that admit every
         # request at the next step, a placement delays nobody's admission, and the greedy
@@ -211,6 +210,7 @@ class OraclePolicy:
             better = self._rollout(req, ctx, nodes, snaps, cost, cached_by, node, ahead)
             if better != node:
                 node, reason = better, "oracle_lookahead"
+        self._owner[req.route_key] = node  # where the route key's requests now go
         self._pending.setdefault(node, {})[req.request_id] = req.block_hashes
         return RouteDecision(node, reason, cached_by[node], self.name, tuple(cost))
 

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 
-from kvgate.store import ReserveLimits, ReserveOutcome, Store
+from kvgate.store import Store
 from kvgate.store.base import KVStore, WatchEvent
+from kvgate.store.forwarded import ForwardedCounters
 from kvgate.store.health import StoreHealth
 
 
-class CompositeStore(Store):
+class CompositeStore(ForwardedCounters):
     def __init__(self, counters: Store, config: KVStore) -> None:
         self.counters = counters
         self.config = config
@@ -37,29 +38,3 @@ class CompositeStore(Store):
 
     def healths(self) -> list[StoreHealth]:
         return self.counters.healths() + self.config.healths()
-
-    async def set_guarantees(self, guarantees: Mapping[str, int]) -> None:
-        await self.counters.set_guarantees(guarantees)
-
-    async def reserve(
-        self, gateway_id: str, tenant: str, tokens: int, limits: ReserveLimits
-    ) -> ReserveOutcome:
-        return await self.counters.reserve(gateway_id, tenant, tokens, limits)
-
-    async def release(self, gateway_id: str, tenant: str, tokens: int) -> None:
-        await self.counters.release(gateway_id, tenant, tokens)
-
-    async def adjust(self, gateway_id: str, tenant: str, delta: int) -> None:
-        await self.counters.adjust(gateway_id, tenant, delta)
-
-    async def usage(self) -> dict[str, int]:
-        return await self.counters.usage()
-
-    async def heartbeat(self, gateway_id: str, ttl_s: float) -> None:
-        await self.counters.heartbeat(gateway_id, ttl_s)
-
-    async def has_lease(self, gateway_id: str) -> bool:
-        return await self.counters.has_lease(gateway_id)
-
-    async def reap(self) -> int:
-        return await self.counters.reap()

@@ -11,15 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 from urllib.parse import urlparse
 
 import aetcd
 import aetcd.exceptions
 
-from kvgate.store import ReserveLimits, ReserveOutcome, Store
 from kvgate.store.base import StoreUnavailable, WatchEvent
+from kvgate.store.forwarded import ForwardedCounters
 from kvgate.store.health import StoreHealth
 from kvgate.store.memory import MemoryStore
 
@@ -28,7 +28,7 @@ PROBE_KEY = b"/kvgate/.probe"
 _ERRORS = (aetcd.exceptions.ClientError, ConnectionError, OSError, TimeoutError)
 
 
-class EtcdStore(Store):
+class EtcdStore(ForwardedCounters):
     def __init__(self, url: str, *, timeout_s: int = 2) -> None:
         parsed = urlparse(url)
         if not parsed.hostname:
@@ -40,7 +40,7 @@ class EtcdStore(Store):
         self._connecting: asyncio.Task[aetcd.Client] | None = None
         self._revision = 0  # newest etcd revision seen
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._counters = MemoryStore()
+        self.counters = MemoryStore()  # the counter half is kept in process
         self.health = StoreHealth("etcd", url)
 
     async def _connected(self) -> aetcd.Client:
@@ -137,33 +137,6 @@ class EtcdStore(Store):
                 await self._client.close()
             self._client = None
         self._connecting = None
-
-    # -- counter half (in process) -----------------------------------------------------
-    async def set_guarantees(self, guarantees: Mapping[str, int]) -> None:
-        await self._counters.set_guarantees(guarantees)
-
-    async def reserve(
-        self, gateway_id: str, tenant: str, tokens: int, limits: ReserveLimits
-    ) -> ReserveOutcome:
-        return await self._counters.reserve(gateway_id, tenant, tokens, limits)
-
-    async def release(self, gateway_id: str, tenant: str, tokens: int) -> None:
-        await self._counters.release(gateway_id, tenant, tokens)
-
-    async def adjust(self, gateway_id: str, tenant: str, delta: int) -> None:
-        await self._counters.adjust(gateway_id, tenant, delta)
-
-    async def usage(self) -> dict[str, int]:
-        return await self._counters.usage()
-
-    async def heartbeat(self, gateway_id: str, ttl_s: float) -> None:
-        await self._counters.heartbeat(gateway_id, ttl_s)
-
-    async def has_lease(self, gateway_id: str) -> bool:
-        return await self._counters.has_lease(gateway_id)
-
-    async def reap(self) -> int:
-        return await self._counters.reap()
 
 
 async def _identity(client: aetcd.Client) -> aetcd.Client:

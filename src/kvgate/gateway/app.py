@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from kvgate.clock import Clock
 from kvgate.gateway import admin, admin_config, handlers
+from kvgate.gateway.appkey import start_with_app
 from kvgate.gateway.config import GatewayConfig
 from kvgate.gateway.errors import error_middleware, guard_edges
 from kvgate.gateway.gateway import GATEWAY, Gateway
@@ -32,13 +31,7 @@ def create_app(
     handlers.add_routes(app)
     admin.add_routes(app)
     guard_edges(app, gateway.registry)
-
-    async def lifecycle(_: web.Application) -> AsyncIterator[None]:
-        await gateway.start()
-        yield
-        await gateway.stop()
-
-    app.cleanup_ctx.append(lifecycle)
+    start_with_app(app, gateway)
     admin_config.install(app)  # config versions + capacity profiles (after gateway.start)
     return app
 

@@ -19,7 +19,6 @@ import os
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import aiohttp
@@ -30,7 +29,7 @@ from kvgate.admission.tenants import TenantDirectory
 from kvgate.clock import SystemClock
 from kvgate.flags import Flags
 from kvgate.gateway import handlers
-from kvgate.gateway.appkey import GATEWAY
+from kvgate.gateway.appkey import GATEWAY, start_with_app
 from kvgate.gateway.config import GatewayConfig, parse_config
 from kvgate.gateway.errors import error_middleware, guard_edges
 from kvgate.gateway.front import start_site
@@ -226,13 +225,7 @@ def create_worker_app(config: GatewayConfig, owner_http: str, owner_ipc: str) ->
     app.router.add_post("/v1/completions", completions)
     app.router.add_route("*", "/{tail:.*}", to_owner)
     guard_edges(app, worker.registry)
-
-    async def lifecycle(_: web.Application) -> AsyncIterator[None]:
-        await worker.start()
-        yield
-        await worker.stop()
-
-    app.cleanup_ctx.append(lifecycle)
+    start_with_app(app, worker)
     return app
 
 

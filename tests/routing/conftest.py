@@ -45,9 +45,7 @@ class Cluster:
         decision = self.router.route(req, exclude=exclude)
         self.router.on_dispatch(req, decision)
         actual = decision.expected_cached_tokens if cached is None else cached
-        self.router.on_complete(
-            req, decision, ok=True, actual_cached_tokens=actual, output_tokens=4
-        )
+        self.router.on_complete(req, decision, ok=True, actual_cached_tokens=actual)
         return decision.node_id
 
 

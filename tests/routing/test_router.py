@@ -24,7 +24,7 @@ def test_first_request_goes_home_then_follows_its_cache(cluster_factory: Factory
     assert first.reason == "home_set" and first.expected_cached_tokens == 0
     assert first.node_id in c.router.ring.home_set(req.route_key, 2)
     c.router.on_dispatch(req, first)
-    c.router.on_complete(req, first, ok=True, actual_cached_tokens=0, output_tokens=1)
+    c.router.on_complete(req, first, ok=True, actual_cached_tokens=0)
     again = c.router.route(group_request(1, "b"))
     assert (again.node_id, again.reason, again.expected_cached_tokens) == (
         first.node_id,
@@ -151,9 +151,7 @@ def test_flag_hit_feedback_and_demotion_restore(cluster_factory: Factory) -> Non
     decision = c.router.route(group_request(6, "r3"))
     assert decision.node_id == owner
     c.router.on_dispatch(group_request(6, "r3"), decision)
-    c.router.on_complete(
-        group_request(6, "r3"), decision, ok=True, actual_cached_tokens=0, output_tokens=1
-    )
+    c.router.on_complete(group_request(6, "r3"), decision, ok=True, actual_cached_tokens=0)
     assert c.router.feedback.is_demoted(owner, group_request(6, "x").route_key)
     after = c.router.route(group_request(6, "r4"))
     assert after.expected_cached_tokens == 0  # no longer promised anywhere
@@ -164,7 +162,6 @@ def test_flag_hit_feedback_and_demotion_restore(cluster_factory: Factory) -> Non
         RouteDecision(owner, "test", 0, "hybrid"),
         ok=True,
         actual_cached_tokens=512,
-        output_tokens=1,
     )
     assert not c.router.feedback.is_demoted(owner, group_request(6, "x").route_key)
     d = c.router.route(group_request(6, "r6"))
@@ -233,7 +230,7 @@ def test_quiescing_node_finishes_in_flight_work(cluster_factory: Factory) -> Non
     assert c.router.route(group_request(1, "b")).node_id != decision.node_id
     c.router.on_progress(req, decision, 10)
     assert c.nodes.get(decision.node_id).inflight_tokens == req.prompt_tokens + 10  # type: ignore[union-attr]
-    c.router.on_complete(req, decision, ok=True, actual_cached_tokens=0, output_tokens=10)
+    c.router.on_complete(req, decision, ok=True, actual_cached_tokens=0)
     assert c.nodes.get(decision.node_id).inflight_requests == 0  # type: ignore[union-attr]
 
 
@@ -242,7 +239,7 @@ def test_failed_request_does_not_feed_the_index(cluster_factory: Factory) -> Non
     req = group_request(1, "a")
     decision = c.router.route(req)
     c.router.on_dispatch(req, decision)
-    c.router.on_complete(req, decision, ok=False, actual_cached_tokens=None, output_tokens=0)
+    c.router.on_complete(req, decision, ok=False, actual_cached_tokens=None)
     assert len(c.router.index) == 0
     assert c.nodes.get(decision.node_id).inflight_requests == 0  # type: ignore[union-attr]
 

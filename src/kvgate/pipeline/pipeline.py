@@ -311,11 +311,7 @@ class RequestPipeline:
     def attempt_done(self, flow: Flow, decision: RouteDecision, outcome: AttemptOutcome) -> None:
         """The node answered; ``outcome`` says how it ended."""
         self.router.on_complete(
-            flow.route,
-            decision,
-            ok=outcome.ok,
-            actual_cached_tokens=outcome.cached_tokens,
-            output_tokens=outcome.output_tokens,
+            flow.route, decision, ok=outcome.ok, actual_cached_tokens=outcome.cached_tokens
         )
         if (broken := outcome.broken) is not None:
             self.metrics.upstream_errors.labels(decision.node_id, broken).inc()

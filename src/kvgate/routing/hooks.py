@@ -49,22 +49,22 @@ class ResponseHooks:
     def on_progress(self, req: RouteRequest, decision: RouteDecision, now: float) -> None:
         self.queue.on_prefilled(decision.node_id, req.request_id, now)
 
-    def on_complete(
+    def on_failed(self, req: RouteRequest, decision: RouteDecision, now: float) -> None:
+        """The attempt computed nothing: forget the blocks it would have added."""
+        self.queue.on_prefilled(decision.node_id, req.request_id, now)
+        known = decision.expected_cached_tokens // BLOCK_SIZE
+        self.index.drop(decision.node_id, req.block_hashes, start=known)
+
+    def on_served(
         self,
         req: RouteRequest,
         decision: RouteDecision,
-        *,
-        ok: bool,
         actual_cached_tokens: int | None,
         now: float,
     ) -> None:
+        """The node answered; ``actual_cached_tokens`` is the engine's figure, if it gave one."""
         node_id = decision.node_id
         self.queue.on_prefilled(node_id, req.request_id, now)
-        if not ok:
-            # the attempt computed nothing: forget the blocks it would have added
-            known = decision.expected_cached_tokens // BLOCK_SIZE
-            self.index.drop(node_id, req.block_hashes, start=known)
-            return
         metrics = self.metrics
         if actual_cached_tokens is not None:
             child = metrics.child

@@ -135,14 +135,14 @@ class Router:
         *,
         ok: bool,
         actual_cached_tokens: int | None,
-        output_tokens: int = 0,
     ) -> None:
         self.nodes.on_complete(decision.node_id, req.request_id)
         if decision.node_id not in self.nodes:
             return
-        self.hooks.on_complete(
-            req, decision, ok=ok, actual_cached_tokens=actual_cached_tokens, now=self.clock.now()
-        )
+        if ok:
+            self.hooks.on_served(req, decision, actual_cached_tokens, self.clock.now())
+        else:
+            self.hooks.on_failed(req, decision, self.clock.now())
 
     # -- node events -------------------------------------------------------------------
     def _node_removed(self, node_id: str) -> None:

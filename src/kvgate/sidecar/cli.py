@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import re
 import sys
 from typing import Any
 
@@ -122,59 +123,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_log_level(parser)
 
 
+# Config field <- the option (its argparse dest) that sets it: builds the config and
+# names the option in a config error.
+_CONFIG_OPTIONS = {
+    "engine_url": "engine",
+    "engine_type": "engine_type",
+    "node_id": "node_id",
+    "interval_s": "interval",
+    "lease_ttl_s": "lease_ttl",
+    "model": "model",
+    "pool": "pool",
+    "advertise_url": "advertise_url",
+    "window_s": "window",
+    "drain_timeout_s": "drain_timeout",
+    "scrape_timeout_s": "scrape_timeout",
+}
+_POLICY_OPTIONS = {
+    name: name for name in ("waiting_high", "waiting_low", "kv_high", "kv_low", "preemptions_high")
+}
+_OPTION_OF_FIELD = {**_CONFIG_OPTIONS, **_POLICY_OPTIONS, "recover_hold_s": "recover_hold"}
+_FIELD_NAMES = re.compile(r"\b(" + "|".join(_OPTION_OF_FIELD) + r")\b")
+
+
+def _from_args(args: argparse.Namespace, options: dict[str, str]) -> dict[str, Any]:
+    return {field: getattr(args, dest) for field, dest in options.items()}
+
+
 def build_config(args: argparse.Namespace) -> SidecarConfig:
     """Raises ValueError naming the offending option."""
     interval = args.interval
     recover = args.recover_hold if args.recover_hold is not None else 3 * interval
     try:
         policy = SaturationPolicy(
-            waiting_high=args.waiting_high,
-            waiting_low=args.waiting_low,
-            kv_high=args.kv_high,
-            kv_low=args.kv_low,
-            preemptions_high=args.preemptions_high,
+            **_from_args(args, _POLICY_OPTIONS),
             recover_hold_s=recover,
             reregister_hold_s=2 * interval,
             unreachable_after_s=2 * interval,
         )
-        return SidecarConfig(
-            engine_url=args.engine,
-            engine_type=args.engine_type,
-            node_id=args.node_id,
-            interval_s=interval,
-            lease_ttl_s=args.lease_ttl,
-            model=args.model,
-            pool=args.pool,
-            advertise_url=args.advertise_url,
-            window_s=args.window,
-            drain_timeout_s=args.drain_timeout,
-            scrape_timeout_s=args.scrape_timeout,
-            policy=policy,
-        )
+        return SidecarConfig(**_from_args(args, _CONFIG_OPTIONS), policy=policy)
     except ValueError as exc:
         raise ValueError(_option_name(str(exc))) from None
 
 
 def _option_name(message: str) -> str:
-    """Turn a field name at the start of a config error into the CLI option name."""
-    field_to_option = {
-        "engine_url": "--engine",
-        "advertise_url": "--advertise-url",
-        "engine_type": "--engine-type",
-        "node_id": "--node-id",
-        "interval_s": "--interval",
-        "lease_ttl_s": "--lease-ttl",
-        "window_s": "--window",
-        "drain_timeout_s": "--drain-timeout",
-        "scrape_timeout_s": "--scrape-timeout",
-        "waiting_low": "--waiting-low",
-        "waiting_high": "--waiting-high",
-        "kv_low": "--kv-low",
-        "kv_high": "--kv-high",
-    }
-    for field_name, option in field_to_option.items():
-        message = message.replace(field_name, option)
-    return message
+    """Turn the field names in a config error into the CLI option names."""
+    return _FIELD_NAMES.sub(lambda m: "--" + _OPTION_OF_FIELD[m[1]].replace("_", "-"), message)
 
 
 async def _serve_metrics(registry: CollectorRegistry, host: str, port: int) -> Any:

@@ -6,9 +6,9 @@ import pytest
 from pydantic import ValidationError
 
 from kvgate.admission.config import AdmissionConfig, TenantConfig
-from kvgate.admission.jobs import JobStore
 from kvgate.admission.tenants import ClassNotAllowed, PriorityNotAllowed, TenantDirectory
 from kvgate.clock import ManualClock
+from kvgate.gateway.jobs import JobStore
 
 TENANTS = [
     {"name": "acme", "api_keys": ["k1", "k2"], "priority_min": 1, "priority_max": 5},

@@ -16,12 +16,12 @@ import aiohttp
 from prometheus_client import CollectorRegistry
 
 from kvgate.admission.controller import AdmissionController
-from kvgate.admission.jobs import JobStore
 from kvgate.admission.tenants import TenantDirectory
 from kvgate.clock import Clock, SystemClock
 from kvgate.flags import Flags
 from kvgate.gateway.appkey import GATEWAY
 from kvgate.gateway.config import GatewayConfig
+from kvgate.gateway.jobs import JobStore
 from kvgate.gateway.metrics import GatewayMetrics
 from kvgate.gateway.proxy import Proxy
 from kvgate.gateway.registry import NodeRegistry

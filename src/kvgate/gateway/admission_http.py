@@ -31,10 +31,6 @@ def admission_header(result: AdmissionResult) -> str:
     return admission_summary(result)
 
 
-def rejection_status(result: AdmissionResult) -> int:
-    return reject_status(result)
-
-
 def rejection_error(result: AdmissionResult) -> ApiError:
     """The OpenAI-style error for a rejected request."""
     status = reject_status(result)

@@ -46,8 +46,6 @@ from kvgate.types import RouteDecision, RouteRequest
 
 log = logging.getLogger("kvgate.gateway")
 
-ProgressCallback = Callable[[int], Awaitable[None]]
-
 
 class Decisions(Protocol):
     """What the proxy asks of the request pipeline (``RequestPipeline`` or its remote)."""

@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import cbor2
 import xxhash
 
-HashAlgo = Literal["sha256_cbor", "xxhash_cbor"]
 HASH_ALGOS: tuple[str, ...] = ("sha256_cbor", "xxhash_cbor")
 _MASK64 = (1 << 64) - 1
 

@@ -45,12 +45,6 @@ def _count(holders: Holders) -> int:
     return 1 if type(holders) is tuple else len(holders)
 
 
-def _newest(holders: Holders) -> float:
-    if type(holders) is tuple:
-        return holders[1]
-    return max(holders.values())  # type: ignore[union-attr]
-
-
 def _common(hashes: list[int], start: int, other: list[int]) -> int:
     """Length of the common head of ``hashes[start:]`` and ``other``."""
     k = 0

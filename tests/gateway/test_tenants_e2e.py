@@ -31,6 +31,11 @@ def key(k: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {k}"}
 
 
+def chat(s: aiohttp.ClientSession, gw: Any, headers: dict[str, str] | None = None) -> Any:
+    """POST ``BODY`` to the gateway's chat completions (use as ``async with``)."""
+    return s.post(gw.url + "/v1/chat/completions", json=BODY, headers=headers)
+
+
 @pytest.fixture(scope="module")
 def engine():
     with engines(1) as (e,):
@@ -39,12 +44,12 @@ def engine():
 
 async def test_api_keys_map_to_tenants(engine) -> None:
     async with running_gateway(tenants_config(engine.url)) as gw, aiohttp.ClientSession() as s:
-        async with s.post(gw.url + "/v1/chat/completions", json=BODY) as r:
+        async with chat(s, gw) as r:
             assert r.status == 401
             assert (await r.json())["error"]["code"] == "invalid_api_key"
-        async with s.post(gw.url + "/v1/chat/completions", json=BODY, headers=key("wrong")) as r:
+        async with chat(s, gw, key("wrong")) as r:
             assert r.status == 401
-        async with s.post(gw.url + "/v1/chat/completions", json=BODY, headers=key("k-acme")) as r:
+        async with chat(s, gw, key("k-acme")) as r:
             assert r.status == 200, await r.text()
         async with s.get(gw.url + "/v1/models") as r:
             assert r.status == 401
@@ -53,21 +58,21 @@ async def test_api_keys_map_to_tenants(engine) -> None:
 async def test_headers_cannot_raise_priority_or_switch_tenant(engine) -> None:
     async with running_gateway(tenants_config(engine.url)) as gw, aiohttp.ClientSession() as s:
         headers = {**key("k-zeta"), "X-KVGate-Priority": "5"}
-        async with s.post(gw.url + "/v1/chat/completions", json=BODY, headers=headers) as r:
+        async with chat(s, gw, headers) as r:
             assert r.status == 403
             assert "priority" in (await r.json())["error"]["message"]
         headers = {**key("k-zeta"), "X-KVGate-Tenant": "acme"}
-        async with s.post(gw.url + "/v1/chat/completions", json=BODY, headers=headers) as r:
+        async with chat(s, gw, headers) as r:
             assert r.status == 403
         headers = {**key("k-acme"), "X-KVGate-Priority": "5"}
-        async with s.post(gw.url + "/v1/chat/completions", json=BODY, headers=headers) as r:
+        async with chat(s, gw, headers) as r:
             assert r.status == 200
 
 
 async def test_respond_async_job_is_kept_for_its_tenant(engine) -> None:
     async with running_gateway(tenants_config(engine.url)) as gw, aiohttp.ClientSession() as s:
         headers = {**key("k-acme"), "Prefer": "respond-async"}
-        async with s.post(gw.url + "/v1/chat/completions", json=BODY, headers=headers) as r:
+        async with chat(s, gw, headers) as r:
             assert r.status == 202
             location = r.headers["Location"]
             assert location.startswith("/v1/jobs/")

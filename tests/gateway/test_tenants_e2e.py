@@ -57,22 +57,18 @@ async def test_api_keys_map_to_tenants(engine) -> None:
 
 async def test_headers_cannot_raise_priority_or_switch_tenant(engine) -> None:
     async with running_gateway(tenants_config(engine.url)) as gw, aiohttp.ClientSession() as s:
-        headers = {**key("k-zeta"), "X-KVGate-Priority": "5"}
-        async with chat(s, gw, headers) as r:
+        async with chat(s, gw, {**key("k-zeta"), "X-KVGate-Priority": "5"}) as r:
             assert r.status == 403
             assert "priority" in (await r.json())["error"]["message"]
-        headers = {**key("k-zeta"), "X-KVGate-Tenant": "acme"}
-        async with chat(s, gw, headers) as r:
+        async with chat(s, gw, {**key("k-zeta"), "X-KVGate-Tenant": "acme"}) as r:
             assert r.status == 403
-        headers = {**key("k-acme"), "X-KVGate-Priority": "5"}
-        async with chat(s, gw, headers) as r:
+        async with chat(s, gw, {**key("k-acme"), "X-KVGate-Priority": "5"}) as r:
             assert r.status == 200
 
 
 async def test_respond_async_job_is_kept_for_its_tenant(engine) -> None:
     async with running_gateway(tenants_config(engine.url)) as gw, aiohttp.ClientSession() as s:
-        headers = {**key("k-acme"), "Prefer": "respond-async"}
-        async with chat(s, gw, headers) as r:
+        async with chat(s, gw, {**key("k-acme"), "Prefer": "respond-async"}) as r:
             assert r.status == 202
             location = r.headers["Location"]
             assert location.startswith("/v1/jobs/")

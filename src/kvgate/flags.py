@@ -14,55 +14,49 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class FlagSpec:
     name: str
-    default: bool
     off_means: str
+    default: bool = True  # strategies are on unless a flag says otherwise
 
 
 FLAG_SPECS: tuple[FlagSpec, ...] = (
     FlagSpec(
         "cache_affinity",
-        True,
         "cache signal ignored: hybrid places every request like a new prefix "
         "(fewest prefixes, then least predicted TTFT)",
     ),
     FlagSpec(
         "consistent_hashing",
-        True,
         "no home node: a new prefix's tie between equally good nodes is broken by traffic, not the ring",
     ),
-    FlagSpec(
-        "load_guard", True, "no spill by cost: affinity never leaves a node for its prefill queue"
-    ),
-    FlagSpec("hit_feedback", True, "predicted hits are never checked; no (node, prefix) demotion"),
+    FlagSpec("load_guard", "no spill by cost: affinity never leaves a node for its prefill queue"),
+    FlagSpec("hit_feedback", "predicted hits are never checked; no (node, prefix) demotion"),
     FlagSpec(
         "eviction_guess",
-        True,
         "hybrid trusts every index match, even on blocks its per-node LRU shadow says the "
         "engine has evicted",
     ),
     FlagSpec(
         "precise_events",
-        True,
         "engine KV cache events are ignored; policy precise routes on the approximate index",
     ),
-    FlagSpec("cold_boost", True, "new or re-registered nodes get no routing boost"),
-    FlagSpec("retries", True, "a failed dispatch returns 502 at once"),
-    FlagSpec("retry_budget", True, "retries are limited only by routing.max_retries"),
+    FlagSpec("cold_boost", "new or re-registered nodes get no routing boost"),
+    FlagSpec("retries", "a failed dispatch returns 502 at once"),
+    FlagSpec("retry_budget", "retries are limited only by routing.max_retries"),
     FlagSpec(
         "outlier_detection",
-        True,
         "failing nodes are not ejected; only stale reports take a node out of rotation",
     ),
-    FlagSpec("admission", True, "every request is admitted (no quota, no queue)"),
+    FlagSpec("admission", "every request is admitted (no quota, no queue)"),
     FlagSpec(
         "prefill_gate",
-        True,
         "admissions are not paced by the engines' prefill backlog (only the quota limits them)",
     ),
-    FlagSpec("dynamic_quota", True, "the cluster total stays at its configured value"),
-    FlagSpec("degrade", True, "over-quota work is queued or rejected, never degraded"),
+    FlagSpec("dynamic_quota", "the cluster total stays at its configured value"),
+    FlagSpec("degrade", "over-quota work is queued or rejected, never degraded"),
     FlagSpec(
-        "forecast", False, "the dynamic quota reacts to measured load only, not to the forecast"
+        "forecast",
+        "the dynamic quota reacts to measured load only, not to the forecast",
+        default=False,
     ),
 )
 FLAG_NAMES = frozenset(s.name for s in FLAG_SPECS)

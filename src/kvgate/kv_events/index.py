@@ -160,13 +160,9 @@ class PreciseIndex:
         nodes: Iterable[str] | None = None,
         max_age_s: float | None = None,
     ) -> dict[str, int]:
-        """Per synced node holding the first block, how many leading blocks it holds
-        (``max_age_s`` is ignored: events say what is cached now, not when it was seen).
-
-        Same shape as ``PrefixIndex.match`` (``now`` is unused: events, not time, decide
-        what is cached). The engine's own prefix lookup stops at the first missing block;
-        so does this walk.
-        """
+        """``CacheSignal.match`` over the synced nodes. ``now`` and ``max_age_s`` are unused:
+        events, not time, say what is cached. Like the engine's own prefix lookup, the walk
+        stops at the first missing block."""
         if not block_hashes:
             return {}
         holders = self._holders

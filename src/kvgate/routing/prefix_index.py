@@ -312,8 +312,7 @@ class PrefixIndex:
         nodes: Iterable[str] | None = None,
         max_age_s: float | None = None,
     ) -> dict[str, int]:
-        """Per node, the number of leading blocks of ``block_hashes`` it recently served
-        (within ``max_age_s`` when given, else the index's TTL)."""
+        """``CacheSignal.match``: blocks served within ``max_age_s`` if given, else the TTL."""
         if not block_hashes:
             return {}
         cutoff = now - (self.ttl_s if max_age_s is None else min(max_age_s, self.ttl_s))

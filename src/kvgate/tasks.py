@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 
@@ -24,6 +24,15 @@ def stop_on_signals() -> asyncio.Event:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     return stop
+
+
+async def serve_until_signalled(cleanup: Callable[[], Awaitable[object]]) -> None:
+    """Wait for SIGINT or SIGTERM, then ``cleanup`` (also when cancelled first)."""
+    stop = stop_on_signals()
+    try:
+        await stop.wait()
+    finally:
+        await cleanup()
 
 
 async def cancel_all(tasks: Iterable[asyncio.Task[Any]]) -> None:

@@ -190,32 +190,14 @@ async def _serve_workers(
 async def _serve(
     app: Any, host: str, port: int, port_file: str | None, *, sock: socket.socket | None = None
 ) -> None:
-    from aiohttp import web
 
-    from kvgate.gateway.app import GATEWAY
-    from kvgate.gateway.front import start_site
-    from kvgate.tasks import stop_on_signals
+    from kvgate.gateway.front import serve_app
+    from kvgate.tasks import serve_until_signalled
 
-    # handler_cancellation: a client that leaves cancels its handler, so the upstream
-    # request and any admission-queue entry go with it
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0, handler_cancellation=True)
-    await runner.setup()
-    server = app[GATEWAY].config.server
-    await start_site(
-        runner,
-        lean=server.lean_front,
-        max_body=server.max_body_bytes,
-        host=host,
-        port=port,
-        sock=sock,
-    )
+    runner, _site = await serve_app(app, host=host, port=port, sock=sock)
     bound = runner.addresses[0][1] if runner.addresses else port
     logging.getLogger("kvgate.gateway").info("listening on http://%s:%s", host, bound)
     if port_file:
         with open(port_file, "w") as f:
             f.write(str(bound))
-    stop = stop_on_signals()
-    try:
-        await stop.wait()
-    finally:
-        await runner.cleanup()
+    await serve_until_signalled(runner.cleanup)

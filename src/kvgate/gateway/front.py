@@ -510,4 +510,41 @@ async def start_site(
     return site
 
 
-__all__ = ["Front", "FrontConnection", "FrontRequest", "FrontSite", "FrontStream", "start_site"]
+async def serve_app(
+    app: web.Application,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    sock: socket.socket | None = None,
+    backlog: int = 1024,
+    shutdown_timeout_s: float = 5.0,
+) -> tuple[web.AppRunner, web.BaseSite]:
+    """Serve a gateway app (its own process or a proxy worker) as its ``server`` config
+    says. A client that leaves cancels its handler (``handler_cancellation``), so the
+    upstream request and any admission-queue entry go with it."""
+    runner = web.AppRunner(
+        app, access_log=None, shutdown_timeout=shutdown_timeout_s, handler_cancellation=True
+    )
+    await runner.setup()
+    server = app[GATEWAY].config.server
+    site = await start_site(
+        runner,
+        lean=server.lean_front,
+        max_body=server.max_body_bytes,
+        host=host,
+        port=port,
+        sock=sock,
+        backlog=backlog,
+    )
+    return runner, site
+
+
+__all__ = [
+    "Front",
+    "FrontConnection",
+    "FrontRequest",
+    "FrontSite",
+    "FrontStream",
+    "serve_app",
+    "start_site",
+]

@@ -32,7 +32,7 @@ from kvgate.gateway import handlers
 from kvgate.gateway.appkey import GATEWAY, start_with_app
 from kvgate.gateway.config import GatewayConfig, parse_config
 from kvgate.gateway.errors import error_middleware, guard_edges
-from kvgate.gateway.front import start_site
+from kvgate.gateway.front import serve_app
 from kvgate.gateway.ipc import DecisionClient
 from kvgate.gateway.logs import access_middleware
 from kvgate.gateway.metrics import GatewayMetrics
@@ -40,7 +40,7 @@ from kvgate.gateway.proxy import Call, Proxy
 from kvgate.gateway.remote import RemoteFlow, RemotePipeline
 from kvgate.kv_events.hub import KvEventHub
 from kvgate.routing.node_view import NodeView
-from kvgate.tasks import stop_on_signals
+from kvgate.tasks import serve_until_signalled
 
 log = logging.getLogger("kvgate.gateway.worker")
 METRICS_PUSH_S = 1.0
@@ -251,20 +251,12 @@ def reuseport_socket(host: str, port: int) -> socket.socket:
 async def _run(args: argparse.Namespace) -> None:
     config = parse_config(json.loads(args.config_json))
     app = create_worker_app(config, args.owner_http, args.owner_ipc)
-    # handler_cancellation: a client that leaves cancels its handler, so the upstream
-    # request and its queue entry at the owner go with it
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0, handler_cancellation=True)
-    await runner.setup()
+    # a client that leaves cancels its handler, and with it its queue entry at the owner
     sock = reuseport_socket(config.server.host, args.port)
-    server = config.server
-    await start_site(runner, lean=server.lean_front, max_body=server.max_body_bytes, sock=sock)
+    runner, _site = await serve_app(app, sock=sock)
     with open(args.ready_file, "w") as f:
         f.write(str(os.getpid()))
-    stop = stop_on_signals()
-    try:
-        await stop.wait()
-    finally:
-        await runner.cleanup()
+    await serve_until_signalled(runner.cleanup)
 
 
 def main() -> None:

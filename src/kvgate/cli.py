@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from kvgate import __version__
-from kvgate.flags import FLAG_NAMES
+from kvgate.flags import FLAG_NAMES, KNOWN_FLAGS
 
 DESCRIPTION = """\
 kvgate: a gateway for distributed LLM inference. It puts OpenAI-compatible engines
@@ -106,8 +106,7 @@ def add_flag_option(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME=on|off",
-        help="turn one strategy on or off; repeatable; NAME one of "
-        + ", ".join(sorted(FLAG_NAMES)),
+        help="turn one strategy on or off; repeatable; NAME one of " + KNOWN_FLAGS,
     )
 
 
@@ -118,8 +117,7 @@ def flag_overrides(values: list[str]) -> dict[str, bool]:
         name, _, value = item.partition("=")
         if name not in FLAG_NAMES or value not in ("on", "off"):
             raise ValueError(
-                f"--flag {item!r}: expected NAME=on|off with NAME one of "
-                f"{', '.join(sorted(FLAG_NAMES))}"
+                f"--flag {item!r}: expected NAME=on|off with NAME one of {KNOWN_FLAGS}"
             )
         out[name] = value == "on"
     return out

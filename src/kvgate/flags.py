@@ -7,7 +7,7 @@ controller and the simulator read the same ``Flags`` object.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 
@@ -60,6 +60,15 @@ FLAG_SPECS: tuple[FlagSpec, ...] = (
     ),
 )
 FLAG_NAMES = frozenset(s.name for s in FLAG_SPECS)
+KNOWN_FLAGS = ", ".join(sorted(FLAG_NAMES))  # for messages
+
+
+def unknown_flags(names: Iterable[str]) -> list[str]:
+    return sorted(set(names) - FLAG_NAMES)
+
+
+def unknown_flags_message(unknown: Iterable[str]) -> str:
+    return f"unknown flag(s) {', '.join(unknown)}; known: {KNOWN_FLAGS}"
 
 
 class UnknownFlag(KeyError):
@@ -91,7 +100,7 @@ class Flags(Mapping[str, bool]):
 
     def set(self, name: str, value: bool) -> None:
         if name not in FLAG_NAMES:
-            raise UnknownFlag(f"unknown flag {name!r}; known: {', '.join(sorted(FLAG_NAMES))}")
+            raise UnknownFlag(f"unknown flag {name!r}; known: {KNOWN_FLAGS}")
         self._values[name] = bool(value)
 
     def as_dict(self) -> dict[str, bool]:

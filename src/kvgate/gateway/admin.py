@@ -10,7 +10,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from kvgate.dashboard import INDEX_HTML
-from kvgate.flags import FLAG_NAMES, UnknownFlag
+from kvgate.flags import UnknownFlag, unknown_flags, unknown_flags_message
 from kvgate.gateway.auth import check_admin
 from kvgate.gateway.body import read_json_object
 from kvgate.gateway.config import NodeConfig, format_validation_error
@@ -45,6 +45,13 @@ def _admin(request: web.Request, *, allow_query: bool = False) -> Gateway:
     return gateway
 
 
+def _known_node(gateway: Gateway, request: web.Request) -> str:
+    node_id = request.match_info["node_id"]
+    if node_id not in gateway.specs:
+        raise ApiError(404, f"no node {node_id!r}", code="node_not_found")
+    return node_id
+
+
 async def _json_object(request: web.Request) -> dict[str, Any]:
     body, _ = await read_json_object(request, request.app[GATEWAY].config.server.max_body_bytes)
     return body
@@ -71,18 +78,14 @@ async def add_node(request: web.Request) -> web.Response:
 
 async def remove_node(request: web.Request) -> web.Response:
     gateway = _admin(request)
-    node_id = request.match_info["node_id"]
-    if node_id not in gateway.specs:
-        raise ApiError(404, f"no node {node_id!r}", code="node_not_found")
+    node_id = _known_node(gateway, request)
     gateway.remove_node(node_id)
     return web.json_response({"removed": node_id})
 
 
 async def set_node_state(request: web.Request) -> web.Response:
     gateway = _admin(request)
-    node_id = request.match_info["node_id"]
-    if node_id not in gateway.specs:
-        raise ApiError(404, f"no node {node_id!r}", code="node_not_found")
+    node_id = _known_node(gateway, request)
     body = await _json_object(request)
     try:
         state = NodeState(str(body.get("state")))
@@ -103,14 +106,8 @@ async def get_flags(request: web.Request) -> web.Response:
 async def set_flags(request: web.Request) -> web.Response:
     gateway = _admin(request)
     body = await _json_object(request)
-    unknown = sorted(set(body) - FLAG_NAMES)
-    if unknown:
-        raise ApiError(
-            400,
-            f"unknown flag(s) {', '.join(unknown)}; known: {', '.join(sorted(FLAG_NAMES))}",
-            param=unknown[0],
-            code="unknown_flag",
-        )
+    if unknown := unknown_flags(body):
+        raise ApiError(400, unknown_flags_message(unknown), param=unknown[0], code="unknown_flag")
     for name, value in body.items():
         if not isinstance(value, bool):
             raise ApiError(

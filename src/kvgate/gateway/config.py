@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from kvgate.adapters import ENGINE_TYPES
 from kvgate.admission.config import AdmissionConfig
 from kvgate.calibrate.config import CapacityProfileConfig
-from kvgate.flags import FLAG_NAMES
+from kvgate.flags import unknown_flags, unknown_flags_message
 from kvgate.kv_events.config import EVENT_ENGINE_TYPES, KvEventsConfig, NodeEventsConfig
 from kvgate.pipeline.config import PipelineConfig
 from kvgate.routing.config import RoutingConfig
@@ -122,11 +122,8 @@ class GatewayConfig(_Strict):
     @field_validator("flags")
     @classmethod
     def _flags(cls, v: dict[str, bool]) -> dict[str, bool]:
-        unknown = sorted(set(v) - FLAG_NAMES)
-        if unknown:
-            raise ValueError(
-                f"unknown flag(s) {', '.join(unknown)}; known: {', '.join(sorted(FLAG_NAMES))}"
-            )
+        if unknown := unknown_flags(v):
+            raise ValueError(unknown_flags_message(unknown))
         return v
 
     @field_validator("store")

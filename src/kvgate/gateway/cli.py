@@ -190,7 +190,6 @@ async def _serve_workers(
 async def _serve(
     app: Any, host: str, port: int, port_file: str | None, *, sock: socket.socket | None = None
 ) -> None:
-
     from kvgate.gateway.front import serve_app
     from kvgate.tasks import serve_until_signalled
 

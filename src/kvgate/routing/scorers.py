@@ -135,13 +135,13 @@ def weighted_scores(
             continue
         scorer = SCORERS[name]
         if scorer is load_score:
-            step = ctx.prefill.step_s
+            neg_step = -ctx.prefill.step_s  # load_score's (-step) * load, the same floats
             if sums is None:
-                sums = {n: base + weight * (-step * load) for n, load in loads.items()}
+                sums = {n: base + weight * (neg_step * load) for n, load in loads.items()}
                 for n, total in fixed.items():
-                    sums[n] = total + weight * (-step * loads[n])
+                    sums[n] = total + weight * (neg_step * loads[n])
             else:
-                sums = {n: sums[n] + weight * (-step * load) for n, load in loads.items()}
+                sums = {n: sums[n] + weight * (neg_step * load) for n, load in loads.items()}
             continue
         scores = scorer(req, ctx)
         if scores.each is not None:

@@ -65,12 +65,12 @@ class PrefillQueue:
         get = self._traffic.get
         exp = math.exp
         window = self.traffic_window_s
-        out: dict[str, float] = {}
-        for n in node_ids:
-            held = get(n)
-            # a node with no traffic yet: 0.0, as traffic() computes it (0.0 × exp(0))
-            out[n] = 0.0 if held is None else held[0] * exp(-(now - held[1]) / window)
-        return out
+        # a node with no traffic yet: 0.0, as traffic() computes it (0.0 × exp(0));
+        # (at − now) is −(now − at) exactly (IEEE subtraction is sign-symmetric)
+        return {
+            n: 0.0 if (held := get(n)) is None else held[0] * exp((held[1] - now) / window)
+            for n in node_ids
+        }
 
     def delay(self, node_id: str, now: float) -> float:
         """Seconds a request dispatched now would wait before its own prefill starts."""

@@ -142,23 +142,31 @@ class BlockPool:
             ref_cnt[first:last] = [1] * (last - first)
             self._fresh = last
             n -= last - first
+        if not n:
+            return out
+        popitem = self.free_queue.popitem
+        block_hash = self.block_hash
+        cached = self.cached
+        events = self.events
+        removals = evictions = 0
         for _ in range(n):
-            b, _unused = self.free_queue.popitem(last=False)
-            h = self.block_hash[b]
+            b, _unused = popitem(False)
+            h = block_hash[b]
             if h is not None:
-                self.block_hash[b] = None
-                if self.cached.get(h) == b:
-                    del self.cached[h]
-                    self._removals += 1
-                    events = self.events
+                block_hash[b] = None
+                if cached.get(h) == b:
+                    del cached[h]
+                    removals += 1
                     if events is not None:
                         if events and events[-1].kind == "removed":
                             events[-1].hashes.append(h)
                         else:
                             events.append(CacheEvent("removed", None, [h]))
-                self.evictions += 1
+                evictions += 1
             ref_cnt[b] = 1
             out.append(b)
+        self._removals += removals
+        self.evictions += evictions
         return out
 
     def cache_block(self, block: int, h: int) -> bool:

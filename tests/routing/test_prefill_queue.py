@@ -34,3 +34,37 @@ def test_traffics_reads_every_node_as_traffic_does() -> None:
         assert list(got) == nodes
         assert got == {n: q.traffic(n, now) for n in nodes}
         assert got["idle"] == 0.0 and got["a"] > got["b"] > 0.0
+
+
+def test_backlogged_matches_a_scan_of_every_node() -> None:
+    # the kept set of nodes that may be busy against a plain scan, over random dispatches,
+    # prefills, reports and removals, with time mostly moving forward and sometimes back
+    import random
+
+    for seed in range(30):
+        rng = random.Random(seed)
+        q = PrefillQueue(PrefillModel(tokens_per_s=20_000.0, step_s=0.01))
+        nodes = [f"n{i}" for i in range(6)]
+        pending: dict[str, list[str]] = {n: [] for n in nodes}
+        now = 0.0
+        for i in range(300):
+            if rng.random() < 0.1:
+                now = max(0.0, now - rng.uniform(0, 0.2))  # a clock that went back
+            else:
+                now += rng.choice([0.0, 0.001, 0.02, 0.3])
+            node = rng.choice(nodes)
+            op = rng.random()
+            if op < 0.45:
+                rid = f"r{i}"
+                q.on_dispatch(node, rid, rng.choice([0, 100, 4_000]), now)
+                pending[node].append(rid)
+            elif op < 0.7 and pending[node]:
+                q.on_prefilled(node, pending[node].pop(rng.randrange(len(pending[node]))), now)
+            elif op < 0.9:
+                q.on_report(node, now, idle=rng.random() < 0.5)
+            elif op < 0.95:
+                q.forget(node)
+                pending[node] = []
+            at = now + rng.choice([0.0, 0.0, 0.005, -0.05])
+            want = {n: u - at for n, u in q._busy_until.items() if u > at}
+            assert q.backlogged(at) == want, (seed, i)

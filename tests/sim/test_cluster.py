@@ -192,3 +192,35 @@ def test_high_load_variant_is_named_and_overridable() -> None:
     assert workload.params["rate"] == 9.0 and len(workload.items) == 50
     with pytest.raises(ValueError, match="no high-load variant"):
         cli.build(_args("--workload", "overload", "--load", "high"))
+
+
+def test_warm_prompts_moves_head_work_before_the_run_and_changes_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import kvgate.tokens as tokens
+
+    workload = generate_workload("shared-prefix", seed=2, requests=150, rate=40.0, groups=12)
+    config = SimConfig(nodes=4, seed=2)
+    plain = ClusterSim(workload, config, "hybrid").run()
+
+    long_texts: list[int] = []
+    real = tokens.tokenize
+
+    def counting(text: str) -> list[str]:
+        if len(text) > 2_000:  # a system prompt, not a question
+            long_texts.append(len(text))
+        return real(text)
+
+    monkeypatch.setattr(tokens, "tokenize", counting)
+    sim = ClusterSim(workload, config, "hybrid")
+    assert sim.warm_prompts() == len({item.group for item in workload.items})
+    warmed_heads = len(long_texts)
+    assert warmed_heads == len({item.messages[0]["content"] for item in workload.items})
+    warm = sim.run()
+    assert len(long_texts) == warmed_heads  # the run tokenized no head again
+    assert [
+        (r.request_id, r.node, r.route_reason, r.cached_tokens, r.ttft) for r in warm.records
+    ] == [(r.request_id, r.node, r.route_reason, r.cached_tokens, r.ttft) for r in plain.records]
+    warm.summary.pop("sim_wall_s")
+    plain.summary.pop("sim_wall_s")
+    assert warm.summary == plain.summary

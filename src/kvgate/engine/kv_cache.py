@@ -52,7 +52,8 @@ class BlockPool:
         # ``lookup`` remembers its last answer per first hash: (removals then, the hashes
         # found, their blocks). The map only gains entries between two removals (a hash
         # keeps its block until it is removed), so while none happened the remembered
-        # run is still cached and only the hashes after it need probing.
+        # run is still cached and only the hashes after it need probing; after removals
+        # it is checked against ``block_hash`` in one C-level pass.
         self._removals = 0
         self._lookups: dict[int, tuple[int, list[int], list[int]]] = {}
 
@@ -82,11 +83,19 @@ class BlockPool:
         known = self._lookups.get(hashes[0])
         if (
             known is not None
-            and known[0] == self._removals
             and type(hashes) is list
             and hashes[: len(known[1])] == known[1]
+            and (
+                known[0] == self._removals
+                # removals since (once the pool is full, every new block evicts one): the
+                # run still stands if each of its blocks holds its hash, as a block holds
+                # a hash exactly while the map gives that hash this block
+                or list(map(self.block_hash.__getitem__, known[2])) == known[1]
+            )
         ):
             out = known[2][:]
+            if known[0] != self._removals:
+                known = self._lookups[hashes[0]] = (self._removals, known[1], known[2])
         else:
             known = None
             out = []
@@ -142,23 +151,31 @@ class BlockPool:
             ref_cnt[first:last] = [1] * (last - first)
             self._fresh = last
             n -= last - first
+        if not n:
+            return out
+        popitem = self.free_queue.popitem
+        block_hash = self.block_hash
+        cached = self.cached
+        events = self.events
+        removals = evictions = 0
         for _ in range(n):
-            b, _unused = self.free_queue.popitem(last=False)
-            h = self.block_hash[b]
+            b, _unused = popitem(False)
+            h = block_hash[b]
             if h is not None:
-                self.block_hash[b] = None
-                if self.cached.get(h) == b:
-                    del self.cached[h]
-                    self._removals += 1
-                    events = self.events
+                block_hash[b] = None
+                if cached.get(h) == b:
+                    del cached[h]
+                    removals += 1
                     if events is not None:
                         if events and events[-1].kind == "removed":
                             events[-1].hashes.append(h)
                         else:
                             events.append(CacheEvent("removed", None, [h]))
-                self.evictions += 1
+                evictions += 1
             ref_cnt[b] = 1
             out.append(b)
+        self._removals += removals
+        self.evictions += evictions
         return out
 
     def cache_block(self, block: int, h: int) -> bool:

@@ -10,6 +10,7 @@ keys are forgotten first.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
+from itertools import repeat
 
 
 class Placements:
@@ -43,8 +44,7 @@ class Placements:
 
     def counts(self, node_ids: list[str]) -> list[int]:
         """``count`` of each node, in order."""
-        get = self._per_node.get
-        return [get(n, 0) for n in node_ids]
+        return list(map(self._per_node.get, node_ids, repeat(0)))
 
     def forget(self, node_id: str) -> None:
         for key in [k for k, (n, _) in self._keys.items() if n == node_id]:

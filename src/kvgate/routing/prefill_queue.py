@@ -48,6 +48,12 @@ class PrefillQueue:
         self._pending: dict[str, OrderedDict[str, float]] = {}
         # requests dispatched recently, exponentially decayed: (value, as of time)
         self._traffic: dict[str, tuple[float, float]] = {}
+        # Nodes whose busy-until may be after the latest ``now`` seen: every node set to
+        # a time after the ``now`` of its call is added, and ``backlogged`` drops those
+        # it finds idle. So with ``now`` never going back, a node left out is idle, and
+        # ``backlogged`` reads a handful of nodes instead of all of them.
+        self._ahead: dict[str, None] = {}
+        self._latest = -math.inf
 
     def traffic(self, node_id: str, now: float) -> float:
         """Requests dispatched to the node over roughly the last ``traffic_window_s``."""
@@ -59,12 +65,12 @@ class PrefillQueue:
         get = self._traffic.get
         exp = math.exp
         window = self.traffic_window_s
-        out: dict[str, float] = {}
-        for n in node_ids:
-            held = get(n)
-            # a node with no traffic yet: 0.0, as traffic() computes it (0.0 × exp(0))
-            out[n] = 0.0 if held is None else held[0] * exp(-(now - held[1]) / window)
-        return out
+        # a node with no traffic yet: 0.0, as traffic() computes it (0.0 × exp(0));
+        # (at − now) is −(now − at) exactly (IEEE subtraction is sign-symmetric)
+        return {
+            n: 0.0 if (held := get(n)) is None else held[0] * exp((held[1] - now) / window)
+            for n in node_ids
+        }
 
     def delay(self, node_id: str, now: float) -> float:
         """Seconds a request dispatched now would wait before its own prefill starts."""
@@ -76,11 +82,33 @@ class PrefillQueue:
 
     def backlogged(self, now: float) -> dict[str, float]:
         """The nodes whose delay is above 0, with it (every other node's is 0)."""
-        return {n: until - now for n, until in self._busy_until.items() if until > now}
+        busy = self._busy_until
+        if now < self._latest:  # a clock that went back: the kept set may miss a node
+            return {n: until - now for n, until in busy.items() if until > now}
+        self._latest = now
+        out: dict[str, float] = {}
+        idle: list[str] = []
+        for n in self._ahead:
+            until = busy[n]
+            if until > now:
+                out[n] = until - now
+            else:
+                idle.append(n)
+        for n in idle:
+            del self._ahead[n]
+        return out
+
+    def _set_busy(self, node_id: str, until: float, now: float) -> None:
+        self._busy_until[node_id] = until
+        if until > now:
+            self._ahead[node_id] = None
+        if now > self._latest:
+            self._latest = now
 
     def on_dispatch(self, node_id: str, request_id: str, uncached_tokens: int, now: float) -> None:
         start = max(self._busy_until.get(node_id, now), now)
-        end = self._busy_until[node_id] = start + self.model.prefill_s(uncached_tokens)
+        end = start + self.model.prefill_s(uncached_tokens)
+        self._set_busy(node_id, end, now)
         pending = self._pending.setdefault(node_id, OrderedDict())
         pending.pop(request_id, None)
         pending[request_id] = end
@@ -98,16 +126,17 @@ class PrefillQueue:
                 break
         early = min(0.0, now - predicted)  # observations can be late, never early
         busy = self._busy_until.get(node_id, now) + early
-        self._busy_until[node_id] = max(now, busy) if pending else min(busy, now)
+        self._set_busy(node_id, max(now, busy) if pending else min(busy, now), now)
 
     def on_report(self, node_id: str, now: float, *, idle: bool) -> None:
         """A fresh report; ``idle``: nothing waiting and nothing dispatched since."""
         if idle:
-            self._busy_until[node_id] = min(
-                self._busy_until.get(node_id, now), now + self.model.step_s
+            self._set_busy(
+                node_id, min(self._busy_until.get(node_id, now), now + self.model.step_s), now
             )
 
     def forget(self, node_id: str) -> None:
         self._busy_until.pop(node_id, None)
+        self._ahead.pop(node_id, None)
         self._pending.pop(node_id, None)
         self._traffic.pop(node_id, None)

@@ -122,27 +122,45 @@ def weighted_scores(
 
     Node by node the same additions in the same order as a plain loop, so the same
     floats; adding a zero term is skipped (x + 0.0 is x: no sum here is ever -0.0).
+    Until a scorer gives every node its own score, the sum is one value (``base``) on
+    every node but the few in ``fixed``; the ``load`` term is added in the same pass
+    that builds the answer (it is the one per-node term of the default policy).
     """
-    nodes = list(ctx.loads)
-    sums = [0.0] * len(nodes)
-    where: dict[str, int] | None = None
+    loads = ctx.loads
+    base = 0.0
+    fixed: dict[str, float] = {}
+    sums: dict[str, float] | None = None  # per node, once a scorer scored each node
     for name, weight in weights.items():
         if weight == 0.0:
             continue
-        scores = SCORERS[name](req, ctx)
-        if scores.each is not None:
-            sums = [s + weight * x for s, x in zip(sums, scores.each, strict=True)]
+        scorer = SCORERS[name]
+        if scorer is load_score:
+            neg_step = -ctx.prefill.step_s  # load_score's (-step) * load, the same floats
+            if sums is None:
+                sums = {n: base + weight * (neg_step * load) for n, load in loads.items()}
+                for n, total in fixed.items():
+                    sums[n] = total + weight * (neg_step * loads[n])
+            else:
+                sums = {n: sums[n] + weight * (neg_step * load) for n, load in loads.items()}
             continue
-        fixed: dict[int, float] = {}
-        if scores.some:
-            if where is None:
-                where = dict(zip(nodes, range(len(nodes)), strict=True))
-            for n, x in scores.some.items():
-                i = where[n]
-                fixed[i] = sums[i] + weight * x
+        scores = scorer(req, ctx)
+        if scores.each is not None:
+            if sums is None:
+                sums = {n: fixed.get(n, base) for n in loads}
+            sums = {n: s + weight * x for (n, s), x in zip(sums.items(), scores.each, strict=True)}
+            continue
+        held = fixed if sums is None else sums
+        now_fixed = {n: held.get(n, base) + weight * x for n, x in scores.some.items()}
         if scores.every != 0.0 or not math.isfinite(weight):
             term = weight * scores.every
-            sums = [s + term for s in sums]
-        for i, total in fixed.items():
-            sums[i] = total
-    return dict(zip(nodes, sums, strict=True))
+            if sums is None:
+                base = base + term
+                for n, total in fixed.items():
+                    fixed[n] = total + term
+            else:
+                sums = {n: s + term for n, s in sums.items()}
+        (fixed if sums is None else sums).update(now_fixed)
+    if sums is None:
+        sums = dict.fromkeys(loads, base)
+        sums.update(fixed)
+    return sums

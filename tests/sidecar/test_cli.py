@@ -49,6 +49,13 @@ def test_invalid_combinations_name_the_option(extra: list[str], option: str) -> 
         config_for(*extra)
 
 
+def test_the_value_in_an_error_is_echoed_unchanged() -> None:
+    with pytest.raises(ValueError) as info:
+        config_for("--advertise-url", "ftp://model-pool/")
+    assert "--advertise-url" in str(info.value)
+    assert "'ftp://model-pool/'" in str(info.value)
+
+
 def test_cli_exits_2_with_a_message() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "kvgate", *BASE, "--engine", "ftp://x", "--log-level", "error"],

@@ -166,8 +166,12 @@ def build_config(args: argparse.Namespace) -> SidecarConfig:
 
 
 def _option_name(message: str) -> str:
-    """Turn the field names in a config error into the CLI option names."""
-    return _FIELD_NAMES.sub(lambda m: "--" + _OPTION_OF_FIELD[m[1]].replace("_", "-"), message)
+    """Turn the field names in a config error into the CLI option names. The value the
+    user gave (after ", got ") is echoed as given: a URL such as http://model-host/ must
+    not have its words taken for field names."""
+    text, got, value = message.partition(", got ")
+    named = _FIELD_NAMES.sub(lambda m: "--" + _OPTION_OF_FIELD[m[1]].replace("_", "-"), text)
+    return named + got + value
 
 
 async def _serve_metrics(registry: CollectorRegistry, host: str, port: int) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 
 from kvgate.admission.metrics import AdmissionMetrics
 from kvgate.store import ReserveLimits, ReserveOutcome, Store
@@ -20,24 +21,19 @@ log = logging.getLogger("kvgate.admission")
 STORE_ERRORS = (StoreUnavailable, ConnectionError, OSError)
 
 
+@dataclass(eq=False)
 class StoreLink:
-    def __init__(
-        self,
-        store: Store,
-        local: Store,
-        *,
-        gateway_id: str,
-        fail_closed: bool,
-        metrics: AdmissionMetrics,
-    ) -> None:
-        self.store = store
-        self.local = local
-        self.gateway_id = gateway_id
-        self.fail_closed = fail_closed
-        self.metrics = metrics
-        self.up = True
-        self.usage: dict[str, int] = {}  # shared usage per tenant, refreshed + tracked
-        self._unreturned: dict[str, int] = {}  # releases the store missed while down
+    store: Store
+    local: Store
+    _: KW_ONLY
+    gateway_id: str
+    fail_closed: bool
+    metrics: AdmissionMetrics
+    up: bool = field(default=True, init=False)
+    # shared usage per tenant, refreshed + tracked
+    usage: dict[str, int] = field(default_factory=dict, init=False)
+    # releases the store missed while down
+    _unreturned: dict[str, int] = field(default_factory=dict, init=False, repr=False)
 
     def mark(self, up: bool, error: BaseException | None = None) -> None:
         if up == self.up:

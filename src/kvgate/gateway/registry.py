@@ -16,7 +16,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from kvgate.clock import Clock
@@ -32,30 +32,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("kvgate.gateway.registry")
 
 
+@dataclass(eq=False, kw_only=True)
 class NodeRegistry:
-    def __init__(
-        self,
-        *,
-        store: KVStore,
-        nodes: NodeView,
-        flags: Flags,
-        clock: Clock,
-        metrics: GatewayMetrics,
-        sources: dict[str, str],
-        add_node: Callable[[NodeSpec], None],
-        remove_node: Callable[[str], None],
-        retry_s: float = 1.0,
-    ) -> None:
-        self.store = store
-        self.nodes = nodes
-        self.flags = flags
-        self.clock = clock
-        self.metrics = metrics
-        self.sources = sources  # node id → "config" | "admin" | "registry" (read only here)
-        self.add_node = add_node  # the gateway's own add/remove keep its tables in step
-        self.remove_node = remove_node
-        self.retry_s = retry_s
-        self._tasks: list[asyncio.Task[None]] = []
+    store: KVStore
+    nodes: NodeView
+    flags: Flags
+    clock: Clock
+    metrics: GatewayMetrics
+    sources: dict[str, str]  # node id → "config" | "admin" | "registry" (read only here)
+    add_node: Callable[[NodeSpec], None]  # the gateway's own add/remove keep its tables in step
+    remove_node: Callable[[str], None]
+    retry_s: float = 1.0
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list, init=False, repr=False)
 
     def handle_node_event(self, event: WatchEvent) -> None:
         node_id = event.key[len(NODES_PREFIX) :]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -20,27 +21,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("kvgate.gateway.scraper")
 
 
+@dataclass(eq=False, kw_only=True)
 class Scraper:
-    def __init__(
-        self,
-        *,
-        session: aiohttp.ClientSession,
-        nodes: NodeView,
-        specs: Callable[[], list[NodeSpec]],
-        clock: Clock,
-        metrics: GatewayMetrics,
-        interval_s: float,
-        timeout_s: float,
-    ) -> None:
-        self.session = session
-        self.nodes = nodes
-        self.specs = specs  # the nodes this scraper pulls (not the sidecar-reported ones)
-        self.clock = clock
-        self.metrics = metrics
-        self.interval_s = interval_s
-        self.timeout_s = timeout_s
-        self._previous: dict[str, NodeReport] = {}
-        self._task: asyncio.Task[None] | None = None
+    session: aiohttp.ClientSession
+    nodes: NodeView
+    specs: Callable[[], list[NodeSpec]]  # the nodes it pulls (not the sidecar-reported ones)
+    clock: Clock
+    metrics: GatewayMetrics
+    interval_s: float
+    timeout_s: float
+    _previous: dict[str, NodeReport] = field(default_factory=dict, init=False, repr=False)
+    _task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
     async def scrape_node(self, spec: NodeSpec) -> NodeReport:
         adapter = get_adapter(spec.engine_type)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from kvgate.clock import ManualClock
@@ -20,31 +22,12 @@ POLICY = SaturationPolicy(
 )
 
 
-def report(
-    clock: ManualClock,
-    *,
-    waiting: float = 0,
-    running: float = 0,
-    kv: float = 0.1,
-    preemptions: float = 0,
-    reset: bool = False,
-    stale: bool = False,
-) -> NodeReport:
-    return NodeReport(
-        node_id="n",
-        timestamp=clock.now(),
-        running=running,
-        waiting=waiting,
-        kv_usage=kv,
-        preemptions_total=preemptions,
-        counters_reset=reset,
-        stale=stale,
-    )
-
-
-def step(d: NodeStateDecider, clock: ManualClock, dt: float = 3.0, **kw: float) -> NodeState:
+def step(d: NodeStateDecider, clock: ManualClock, dt: float = 3.0, **fields: Any) -> NodeState:
+    """Advance ``dt`` and show the decider a report of node "n" with NodeReport's own
+    ``fields`` (kv_usage 0.1 unless given)."""
     clock.advance(dt)
-    return d.observe(report(clock, **kw))  # type: ignore[arg-type]
+    fields = {"kv_usage": 0.1, **fields}
+    return d.observe(NodeReport(node_id="n", timestamp=clock.now(), **fields))
 
 
 def test_queue_enters_backoff_and_recovers_only_after_calm_hold() -> None:
@@ -81,20 +64,20 @@ def test_relapse_during_calm_restarts_the_hold() -> None:
 def test_kv_usage_and_preemptions_saturate() -> None:
     clock = ManualClock()
     d = NodeStateDecider(clock, POLICY)
-    assert step(d, clock, kv=0.96) is NodeState.BACKOFF
+    assert step(d, clock, kv_usage=0.96) is NodeState.BACKOFF
     for _ in range(4):
-        step(d, clock, kv=0.9)  # above kv_low: never calm
+        step(d, clock, kv_usage=0.9)  # above kv_low: never calm
     assert d.state is NodeState.BACKOFF
     for _ in range(5):
-        step(d, clock, kv=0.5)
+        step(d, clock, kv_usage=0.5)
     assert d.state is NodeState.HEALTHY
 
     d2 = NodeStateDecider(clock, POLICY)
-    assert step(d2, clock, preemptions=10) is NodeState.HEALTHY  # first sight: a baseline
-    assert step(d2, clock, preemptions=10) is NodeState.HEALTHY
-    assert step(d2, clock, preemptions=12) is NodeState.BACKOFF  # rising
+    assert step(d2, clock, preemptions_total=10) is NodeState.HEALTHY  # first sight: a baseline
+    assert step(d2, clock, preemptions_total=10) is NodeState.HEALTHY
+    assert step(d2, clock, preemptions_total=12) is NodeState.BACKOFF  # rising
     for _ in range(5):
-        step(d2, clock, preemptions=12)
+        step(d2, clock, preemptions_total=12)
     assert d2.state is NodeState.HEALTHY
 
 
@@ -103,7 +86,7 @@ def test_restart_reregisters_for_the_hold_then_healthy() -> None:
     d = NodeStateDecider(clock, POLICY)
     step(d, clock, waiting=30)
     assert d.state is NodeState.BACKOFF
-    assert step(d, clock, reset=True) is NodeState.REREGISTER
+    assert step(d, clock, counters_reset=True) is NodeState.REREGISTER
     assert d.restarts == 1
     assert step(d, clock, dt=3) is NodeState.REREGISTER  # 3 s < 6 s hold
     assert step(d, clock, dt=3) is NodeState.HEALTHY  # saturation history cleared
@@ -129,7 +112,7 @@ def test_drain_is_quiescing_until_nothing_runs_or_waits() -> None:
     assert d.state is NodeState.QUIESCING and not d.drained
     assert step(d, clock, running=2, waiting=0) is NodeState.QUIESCING
     assert not d.drained
-    assert step(d, clock, running=0, waiting=0, reset=True) is NodeState.QUIESCING
+    assert step(d, clock, running=0, waiting=0, counters_reset=True) is NodeState.QUIESCING
     assert d.drained
     assert step(d, clock, stale=True) is NodeState.QUIESCING  # still quiescing…
     assert not d.drained  # …but a failed scrape proves nothing

@@ -59,17 +59,11 @@ def _on_prefixes(
     group_tag: str,
 ) -> list[WorkItem]:
     """Request k: prefix ``picks[k]`` and a fresh ``query_len`` query, at ``times[k]``."""
-    return [
-        _query(
-            p,
-            f"{tag}-{k}",
-            times[k],
-            prefixes[g],
-            synthetic_text(query_len, rng),
-            f"{group_tag}{g}",
-        )
-        for k, g in enumerate(picks)
-    ]
+    items = []
+    for k, g in enumerate(picks):
+        query = synthetic_text(query_len, rng)
+        items.append(_query(p, f"{tag}-{k}", times[k], prefixes[g], query, f"{group_tag}{g}"))
+    return items
 
 
 def _shared_prefix(rng: random.Random, p: dict[str, Any]) -> tuple[list[WorkItem], dict[str, Any]]:
@@ -94,7 +88,7 @@ def _tenant_prefix(rng: random.Random, p: dict[str, Any]) -> tuple[list[WorkItem
     for k in range(n):
         c = rng.randrange(customers)
         query = synthetic_text(int(p["query_len"]), rng)
-        group = f"c{c}u{rng.randrange(users)}"  # drawn after the query
+        group = f"c{c}u{rng.randrange(users)}"  # drawn after the query: the seeded order
         items.append(_query(p, f"tp-{k}", times[k], prefixes[c], query, group))
     # prefixes need `kv_fraction` of the cluster's KV: the simulator sizes engines from it
     kv_tokens = customers * int(p["prefix_len"]) / float(p["kv_fraction"])

@@ -21,6 +21,15 @@ from kvgate.tasks import stop_on_signals
 log = logging.getLogger("kvgate.engine")
 
 
+# The options that override the profile's engine limits (``Profile.with_overrides``).
+LIMITS = {
+    "kv_blocks": "KV cache blocks of 16 tokens",
+    "max_num_seqs": "running sequences cap",
+    "max_num_batched_tokens": "tokens per scheduler step",
+    "max_model_len": "longest prompt + output",
+}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="bind address")
     parser.add_argument("--port", type=int, default=8000, help="port of a single engine")
@@ -41,27 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--time-scale", type=float, default=1.0, help="simulated time runs X times faster"
     )
     parser.add_argument("--model", default=None, help="served model name (default: profile's)")
-    parser.add_argument(
-        "--kv-blocks",
-        type=int,
-        default=None,
-        help="KV cache blocks of 16 tokens (default: profile's)",
-    )
-    parser.add_argument(
-        "--max-num-seqs", type=int, default=None, help="running sequences cap (default: profile's)"
-    )
-    parser.add_argument(
-        "--max-num-batched-tokens",
-        type=int,
-        default=None,
-        help="tokens per scheduler step (default: profile's)",
-    )
-    parser.add_argument(
-        "--max-model-len",
-        type=int,
-        default=None,
-        help="longest prompt + output (default: profile's)",
-    )
+    for name, what in LIMITS.items():
+        option = "--" + name.replace("_", "-")
+        parser.add_argument(option, type=int, default=None, help=f"{what} (default: profile's)")
     parser.add_argument(
         "--port-file", default=None, help="write the bound ports here, one a line, when ready"
     )
@@ -101,7 +92,7 @@ def _validate(args: argparse.Namespace) -> str | None:
         return "--count must be >= 1"
     if args.time_scale <= 0:
         return "--time-scale must be > 0"
-    for name in ("kv_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+    for name in LIMITS:
         value = getattr(args, name)
         if value is not None and value < 1:
             return f"--{name.replace('_', '-')} must be >= 1"
@@ -132,7 +123,7 @@ def _publisher(args: argparse.Namespace, i: int) -> KvEventPublisher | None:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    profile = get_profile(args.profile)
+    profile = get_profile(args.profile).with_overrides(**{n: getattr(args, n) for n in LIMITS})
     hasher = None
     if args.tokenizer:
         hasher = PromptHasher(
@@ -144,10 +135,6 @@ async def _serve(args: argparse.Namespace) -> int:
             model_name=args.model,
             engine_index=i,
             time_scale=args.time_scale,
-            kv_blocks=args.kv_blocks,
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            max_model_len=args.max_model_len,
             kv_events=_publisher(args, i),
             prompt_hasher=hasher,
         )

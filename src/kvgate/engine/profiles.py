@@ -170,45 +170,48 @@ def _bf16_on_h100(
 
 
 PROFILES: dict[str, Profile] = {
-    "llama3-8b-h100": _bf16_on_h100(
-        "llama3-8b-h100",
-        "meta-llama/Llama-3.1-8B-Instruct",
-        LLAMA3_8B_PARAMS,
-        LLAMA3_8B_KV,
-        gpus=1,
-        mfu=0.5,
-        bw_eff=0.8,
-        overhead_s=1.0e-3,
-    ),
-    "llama3-70b-h100-tp4": _bf16_on_h100(
-        "llama3-70b-h100-tp4",
-        "meta-llama/Llama-3.1-70B-Instruct",
-        LLAMA3_70B_PARAMS,
-        LLAMA3_70B_KV,
-        gpus=4,
-        mfu=0.4,
-        bw_eff=0.7,
-        overhead_s=3.0e-3,
-    ),
-    # Calibrated to llama.cpp on a 2-core x86_64 VM, 1 thread: prefill 3.125 ms/token,
-    # decode 24.4 ms (weights read) + 14.1 ms per sequence per step.
-    "gemma3-270m-cpu": Profile(
-        name="gemma3-270m-cpu",
-        model="google/gemma-3-270m-it",
-        param_count=GEMMA3_270M_PARAMS,
-        weight_bytes=_gemma_weights,
-        kv_bytes_per_token=GEMMA3_270M_KV,
-        peak_flops=2 * GEMMA3_270M_PARAMS / 3.125e-3,
-        mfu=1.0,
-        mem_bw=_gemma_weights / 24.4e-3,
-        bw_eff=1.0,
-        overhead_s=0.0,
-        per_seq_s=14.1e-3,
-        num_gpu_blocks=2048,
-        max_num_seqs=8,
-        max_num_batched_tokens=2048,
-        max_model_len=8192,
-    ),
+    profile.name: profile
+    for profile in (
+        _bf16_on_h100(
+            "llama3-8b-h100",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            LLAMA3_8B_PARAMS,
+            LLAMA3_8B_KV,
+            gpus=1,
+            mfu=0.5,
+            bw_eff=0.8,
+            overhead_s=1.0e-3,
+        ),
+        _bf16_on_h100(
+            "llama3-70b-h100-tp4",
+            "meta-llama/Llama-3.1-70B-Instruct",
+            LLAMA3_70B_PARAMS,
+            LLAMA3_70B_KV,
+            gpus=4,
+            mfu=0.4,
+            bw_eff=0.7,
+            overhead_s=3.0e-3,
+        ),
+        # Calibrated to llama.cpp on a 2-core x86_64 VM, 1 thread: prefill 3.125 ms/token,
+        # decode 24.4 ms (weights read) + 14.1 ms per sequence per step.
+        Profile(
+            name="gemma3-270m-cpu",
+            model="google/gemma-3-270m-it",
+            param_count=GEMMA3_270M_PARAMS,
+            weight_bytes=_gemma_weights,
+            kv_bytes_per_token=GEMMA3_270M_KV,
+            peak_flops=2 * GEMMA3_270M_PARAMS / 3.125e-3,
+            mfu=1.0,
+            mem_bw=_gemma_weights / 24.4e-3,
+            bw_eff=1.0,
+            overhead_s=0.0,
+            per_seq_s=14.1e-3,
+            num_gpu_blocks=2048,
+            max_num_seqs=8,
+            max_num_batched_tokens=2048,
+            max_model_len=8192,
+        ),
+    )
 }
 
 

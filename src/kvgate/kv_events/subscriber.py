@@ -25,19 +25,10 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
+from kvgate.kv_events import wire
 from kvgate.kv_events.index import PreciseIndex
 from kvgate.kv_events.metrics import KvEventMetrics
 from kvgate.kv_events.rehash import TokenRehasher
-from kvgate.kv_events.wire import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    KVEventBatch,
-    WireError,
-    decode_batch,
-    seq_from_bytes,
-    seq_to_bytes,
-)
 from kvgate.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -129,7 +120,7 @@ class KvEventSubscriber:
         the engine's cache is empty and the node is synced."""
         _complete, outcome, count = await self._replay(0, None, first=True)
         if outcome == "ended" and count == 0 and self.next_seq is None:
-            self.index.apply(self.node_id, KVEventBatch(self._wall(), []), self._now())
+            self.index.apply(self.node_id, wire.KVEventBatch(self._wall(), []), self._now())
             self.metrics.synced.labels(self.node_id).set(1)
 
     async def handle(self, frames: list[bytes]) -> None:
@@ -138,8 +129,8 @@ class KvEventSubscriber:
             return
         _topic, seq_raw, payload = frames
         try:
-            seq = seq_from_bytes(seq_raw)
-        except WireError:
+            seq = wire.seq_from_bytes(seq_raw)
+        except wire.WireError:
             self.metrics.decode_errors.labels(self.node_id).inc()
             return
         expected = self.next_seq
@@ -170,8 +161,8 @@ class KvEventSubscriber:
 
     def _apply(self, seq: int, payload: bytes) -> None:
         try:
-            batch = decode_batch(payload, token_ids=self.rehasher is not None)
-        except WireError as exc:
+            batch = wire.decode_batch(payload, token_ids=self.rehasher is not None)
+        except wire.WireError as exc:
             log.warning("kv events from %s: bad batch %d: %s", self.node_id, seq, exc)
             self.metrics.decode_errors.labels(self.node_id).inc()
             self.resync("decode_error")
@@ -193,11 +184,11 @@ class KvEventSubscriber:
         for ev in batch.events:
             kind = (
                 "stored"
-                if isinstance(ev, BlockStored)
+                if isinstance(ev, wire.BlockStored)
                 else "removed"
-                if isinstance(ev, BlockRemoved)
+                if isinstance(ev, wire.BlockRemoved)
                 else "cleared"
-                if isinstance(ev, AllBlocksCleared)
+                if isinstance(ev, wire.AllBlocksCleared)
                 else "other"
             )
             m.events.labels(node, kind).inc()
@@ -218,7 +209,7 @@ class KvEventSubscriber:
         outcome = "timeout"
         try:
             dealer.connect(self.replay_endpoint)
-            await dealer.send_multipart((b"", seq_to_bytes(start)))
+            await dealer.send_multipart((b"", wire.seq_to_bytes(start)))
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self.replay_timeout_s
             while True:
@@ -228,7 +219,7 @@ class KvEventSubscriber:
                 frames = await dealer.recv_multipart()
                 if len(frames) != 3:
                     continue
-                seq = seq_from_bytes(frames[1])
+                seq = wire.seq_from_bytes(frames[1])
                 if seq < 0:
                     outcome = "ended"
                     break

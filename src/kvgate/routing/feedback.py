@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
@@ -47,25 +47,18 @@ class NodeHitTotals:
         return self.actual_cached_tokens / self.prompt_tokens if self.prompt_tokens else None
 
 
+@dataclass(eq=False, kw_only=True)
 class HitFeedback:
-    def __init__(
-        self,
-        *,
-        shortfall_fraction: float = 0.5,
-        demote_after: int = 3,
-        ewma_alpha: float = 0.2,
-        max_entries: int = 100_000,
-        demote_on_full_miss: bool = True,
-        on_demote: Callable[[str, str], None] | None = None,
-    ) -> None:
-        self.shortfall_fraction = shortfall_fraction
-        self.demote_after = demote_after
-        self.ewma_alpha = ewma_alpha
-        self.max_entries = max_entries
-        self.demote_on_full_miss = demote_on_full_miss
-        self.on_demote = on_demote
-        self._pairs: OrderedDict[tuple[str, str], PairStats] = OrderedDict()
-        self.nodes: dict[str, NodeHitTotals] = {}
+    shortfall_fraction: float = 0.5
+    demote_after: int = 3
+    ewma_alpha: float = 0.2
+    max_entries: int = 100_000
+    demote_on_full_miss: bool = True
+    on_demote: Callable[[str, str], None] | None = None
+    _pairs: OrderedDict[tuple[str, str], PairStats] = field(
+        default_factory=OrderedDict, init=False, repr=False
+    )
+    nodes: dict[str, NodeHitTotals] = field(default_factory=dict, init=False, repr=False)
 
     def is_demoted(self, node_id: str, route_key: str) -> bool:
         stats = self._pairs.get((node_id, route_key))

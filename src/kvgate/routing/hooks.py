@@ -11,6 +11,8 @@ failed attempt, forgets the blocks this attempt would have added.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from kvgate.flags import Flags
 from kvgate.routing.feedback import HitFeedback
 from kvgate.routing.metrics import RoutingMetrics
@@ -21,23 +23,15 @@ from kvgate.tokens import BLOCK_SIZE
 from kvgate.types import RouteDecision, RouteRequest
 
 
+@dataclass(eq=False)
 class ResponseHooks:
-    def __init__(
-        self,
-        index: PrefixIndex,
-        feedback: HitFeedback,
-        queue: PrefillQueue,
-        metrics: RoutingMetrics,
-        flags: Flags,
-        placements: Placements,
-    ) -> None:
-        self.placements = placements
-        self.index = index
-        self.feedback = feedback
-        self.queue = queue
-        self.metrics = metrics
-        self.flags = flags
-        self._evictions_seen = 0
+    index: PrefixIndex
+    feedback: HitFeedback
+    queue: PrefillQueue
+    metrics: RoutingMetrics
+    flags: Flags
+    placements: Placements
+    _evictions_seen: int = field(default=0, init=False, repr=False)
 
     def on_dispatch(self, req: RouteRequest, decision: RouteDecision, now: float) -> None:
         uncached = req.prompt_tokens - decision.expected_cached_tokens

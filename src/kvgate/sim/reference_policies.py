@@ -20,6 +20,7 @@ import math
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from kvgate.engine.core import EngineCore
@@ -617,24 +618,16 @@ def _waiting_uncached_now(engine: EngineCore, seq: Sequence) -> int:
     return max(1, seq.num_tokens - seq.num_computed - cached)
 
 
+@dataclass(eq=False)
 class SmgApproxPolicy:
     name = "smg-approx"
-
-    def __init__(
-        self,
-        cache_threshold: float = 0.3,
-        balance_abs_threshold: int = 64,
-        balance_rel_threshold: float = 1.5,
-        eviction_interval_s: float = 120.0,
-        max_tree_blocks: int = 4_194_304,  # 2**26 characters / 16 tokens / ~1 char per token
-    ) -> None:
-        self.cache_threshold = cache_threshold
-        self.balance_abs = balance_abs_threshold
-        self.balance_rel = balance_rel_threshold
-        self.eviction_interval_s = eviction_interval_s
-        self.max_tree_blocks = max_tree_blocks
-        self.trees: dict[str, OrderedDict[int, float]] = {}
-        self._last_eviction = 0.0
+    cache_threshold: float = 0.3
+    balance_abs_threshold: int = 64
+    balance_rel_threshold: float = 1.5
+    eviction_interval_s: float = 120.0
+    max_tree_blocks: int = 4_194_304  # 2**26 characters / 16 tokens / ~1 char per token
+    trees: dict[str, OrderedDict[int, float]] = field(default_factory=dict, init=False, repr=False)
+    _last_eviction: float = field(default=0.0, init=False, repr=False)
 
     def _evict(self, now: float) -> None:
         if now - self._last_eviction < self.eviction_interval_s:
@@ -650,7 +643,10 @@ class SmgApproxPolicy:
         loads = {e.spec.node_id: e.inflight_requests for e in ctx.eligible}
         max_l, min_l = max(loads.values()), min(loads.values())
         matched_blocks = 0
-        if max_l - min_l > self.balance_abs and max_l > self.balance_rel * min_l:
+        if (
+            max_l - min_l > self.balance_abs_threshold
+            and max_l > self.balance_rel_threshold * min_l
+        ):
             node = min(workers, key=lambda n: loads[n])
             reason = "smg_balance"
             matched_blocks = self._match(node, req)

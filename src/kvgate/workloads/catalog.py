@@ -34,6 +34,20 @@ def _poisson_times(rng: random.Random, n: int, rate: float) -> list[float]:
     return out
 
 
+def _query(
+    p: dict[str, Any], request_id: str, arrival: float, prefix: str, query: str, group: str
+) -> WorkItem:
+    """A default-tenant request: ``prefix`` as the system message, then ``query``."""
+    return WorkItem(
+        request_id=request_id,
+        arrival=arrival,
+        tenant="default",
+        messages=_chat(prefix, query),
+        max_tokens=int(p["output_len"]),
+        group=group,
+    )
+
+
 def _on_prefixes(
     rng: random.Random,
     p: dict[str, Any],
@@ -45,17 +59,11 @@ def _on_prefixes(
     group_tag: str,
 ) -> list[WorkItem]:
     """Request k: prefix ``picks[k]`` and a fresh ``query_len`` query, at ``times[k]``."""
-    return [
-        WorkItem(
-            request_id=f"{tag}-{k}",
-            arrival=times[k],
-            tenant="default",
-            messages=_chat(prefixes[g], synthetic_text(query_len, rng)),
-            max_tokens=int(p["output_len"]),
-            group=f"{group_tag}{g}",
-        )
-        for k, g in enumerate(picks)
-    ]
+    items = []
+    for k, g in enumerate(picks):
+        query = synthetic_text(query_len, rng)
+        items.append(_query(p, f"{tag}-{k}", times[k], prefixes[g], query, f"{group_tag}{g}"))
+    return items
 
 
 def _shared_prefix(rng: random.Random, p: dict[str, Any]) -> tuple[list[WorkItem], dict[str, Any]]:
@@ -79,16 +87,9 @@ def _tenant_prefix(rng: random.Random, p: dict[str, Any]) -> tuple[list[WorkItem
     items = []
     for k in range(n):
         c = rng.randrange(customers)
-        items.append(
-            WorkItem(
-                request_id=f"tp-{k}",
-                arrival=times[k],
-                tenant="default",
-                messages=_chat(prefixes[c], synthetic_text(int(p["query_len"]), rng)),
-                max_tokens=int(p["output_len"]),
-                group=f"c{c}u{rng.randrange(users)}",
-            )
-        )
+        query = synthetic_text(int(p["query_len"]), rng)
+        group = f"c{c}u{rng.randrange(users)}"  # drawn after the query: the seeded order
+        items.append(_query(p, f"tp-{k}", times[k], prefixes[c], query, group))
     # prefixes need `kv_fraction` of the cluster's KV: the simulator sizes engines from it
     kv_tokens = customers * int(p["prefix_len"]) / float(p["kv_fraction"])
     return items, {"cluster_kv_tokens": int(kv_tokens)}
@@ -144,14 +145,7 @@ def _tool_agent(rng: random.Random, p: dict[str, Any]) -> tuple[list[WorkItem], 
         a = rng.randrange(agents)
         q = rng.randint(int(p["query_min"]), int(p["query_max"]))
         items.append(
-            WorkItem(
-                request_id=f"ta-{k}",
-                arrival=times[k],
-                tenant="default",
-                messages=_chat(schemas[a], synthetic_text(q, rng)),
-                max_tokens=int(p["output_len"]),
-                group=f"agent{a}",
-            )
+            _query(p, f"ta-{k}", times[k], schemas[a], synthetic_text(q, rng), f"agent{a}")
         )
     return items, {}
 

@@ -17,7 +17,8 @@ publishes them (engine-sim: vLLM's KV event wire format) or feeds them to an ind
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from itertools import islice
 from typing import NamedTuple
 
 
@@ -31,6 +32,35 @@ class CacheEvent(NamedTuple):
 _LOOKUP_MEMO = 64  # first hashes a pool remembers lookups for (then it starts over)
 
 
+_BLOCK_IDS: list[int] = []  # one int object per block id, shared by every pool
+
+
+def _block_ids(first: int, last: int) -> list[int]:
+    """Block ids ``first`` .. ``last - 1`` as the shared int objects: a pool's lists then
+    hold references to one compact table instead of ints scattered over the heap (one
+    per block per pool), which the per-block loops would otherwise read from cold memory."""
+    if last > len(_BLOCK_IDS):
+        _BLOCK_IDS.extend(range(len(_BLOCK_IDS), last))
+    return _BLOCK_IDS[first:last]
+
+
+class _Run:
+    """The cached blocks one ``free`` call queued, in eviction order.
+
+    A block taken back out of the queue (``touch``) is not removed from ``blocks``: its
+    entry goes dead (the block is in use, or ``BlockPool._run_of`` names a later run), so
+    freeing and reusing a prefix costs a list append and a reference count per block
+    rather than an ordered-dict insert and delete. ``live`` counts the entries still in
+    the queue, ``pos`` is the next entry to evict (all before it are gone)."""
+
+    __slots__ = ("blocks", "live", "pos")
+
+    def __init__(self, blocks: list[int]) -> None:
+        self.blocks = blocks
+        self.live = len(blocks)
+        self.pos = 0
+
+
 class BlockPool:
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 1:
@@ -42,11 +72,17 @@ class BlockPool:
         # The free queue in eviction order is three runs, taken front to back:
         # ``_spare``, free blocks holding no cached content, a stack (the last is next);
         # ``_fresh`` .. num_blocks - 1, blocks never handed out (so none is built at start);
-        # ``free_queue``, blocks freed while holding cached content, oldest first.
-        # Only ``free_queue`` can hold cached blocks, so only it is evicted from.
+        # the queue of blocks freed while holding cached content, oldest first: ``_runs``,
+        # one ``_Run`` per ``free`` call in call order (keyed by a serial). A block's entry
+        # is live while the block is free and ``_run_of`` gives that run's serial (0: in
+        # no run); ``_queued`` counts live entries. Only the queue can hold cached blocks,
+        # so only it is evicted from.
         self._spare: list[int] = []
         self._fresh = 0
-        self.free_queue: OrderedDict[int, None] = OrderedDict()  # values unused
+        self._runs: OrderedDict[int, _Run] = OrderedDict()
+        self._run_of = [0] * num_blocks
+        self._next_run = 1
+        self._queued = 0
         self.evictions = 0
         self.events: list[CacheEvent] | None = None  # None: no cache events recorded
         # ``lookup`` remembers its last answer per first hash: (removals then, the hashes
@@ -67,14 +103,23 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        return len(self._spare) + self.num_blocks - self._fresh + len(self.free_queue)
+        return len(self._spare) + self.num_blocks - self._fresh + self._queued
 
     def usage(self) -> float:
         return 1.0 - self.num_free / self.num_blocks
 
     def eviction_order(self) -> list[int]:
         """Every free block, next to be reused first."""
-        return [*reversed(self._spare), *range(self._fresh, self.num_blocks), *self.free_queue]
+        return [*reversed(self._spare), *range(self._fresh, self.num_blocks), *self._queue()]
+
+    def _queue(self) -> Iterator[int]:
+        """The freed cached blocks, next to be evicted first (the live entries)."""
+        ref_cnt = self.ref_cnt
+        run_of = self._run_of
+        for rid, run in self._runs.items():
+            for b in islice(run.blocks, run.pos, None):
+                if not ref_cnt[b] and run_of[b] == rid:
+                    yield b
 
     def lookup(self, hashes: Sequence[int]) -> list[int]:
         """Block ids of the longest cached run of leading hashes (no side effects)."""
@@ -115,20 +160,56 @@ class BlockPool:
     def touch(self, blocks: Sequence[int]) -> None:
         """Take a reference on cached blocks (removing free ones from the free queue)."""
         ref_cnt = self.ref_cnt
-        free_queue = self.free_queue
+        taken: list[int] = []  # blocks that were free
+        take = taken.append
         for b in blocks:
-            if ref_cnt[b] == 0:
-                if b in free_queue:
-                    del free_queue[b]
-                else:
-                    self._take_uncached(b)
-            ref_cnt[b] += 1
+            c = ref_cnt[b]
+            if not c:
+                take(b)
+            ref_cnt[b] = c + 1
+        if not taken:
+            return
+        rids = list(map(self._run_of.__getitem__, taken))
+        rid = rids[0]
+        if rid and rids.count(rid) == len(rids):
+            self._take(rid, taken)  # the usual case: a prefix freed by one request
+            return
+        by_run: dict[int, list[int]] = {}
+        for b, rid in zip(taken, rids, strict=True):
+            if rid:
+                by_run.setdefault(rid, []).append(b)
+            else:
+                self._take_uncached(b)
+        for rid, some in by_run.items():
+            self._take(rid, some)
+
+    def _take(self, rid: int, taken: list[int]) -> None:
+        """Account for ``taken`` (live entries of run ``rid``, now in use) leaving the queue."""
+        k = len(taken)
+        self._queued -= k
+        run = self._runs[rid]
+        run.live -= k
+        if not run.live:
+            del self._runs[rid]
+            return
+        blocks = run.blocks
+        if blocks[-k:] == taken[::-1]:
+            # the run's tail (a prefix freed last, as a request frees tail first): drop it
+            del blocks[-k:]
+        if len(blocks) - run.pos > 2 * run.live:
+            # mostly dead entries: keep the live ones (each compaction at least halves it)
+            ref_cnt = self.ref_cnt
+            run_of = self._run_of
+            run.blocks = [
+                b for b in islice(blocks, run.pos, None) if not ref_cnt[b] and run_of[b] == rid
+            ]
+            run.pos = 0
 
     def _take_uncached(self, b: int) -> None:
         """Remove a free block that holds no cached content (not a path the engine takes)."""
         if self._fresh < self.num_blocks:
             # Put the never-used run under the spare stack: the same order, one run.
-            self._spare[:0] = range(self.num_blocks - 1, self._fresh - 1, -1)
+            self._spare[:0] = _block_ids(self._fresh, self.num_blocks)[::-1]
             self._fresh = self.num_blocks
         self._spare.remove(b)
 
@@ -147,33 +228,52 @@ class BlockPool:
         if n and self._fresh < self.num_blocks:
             first = self._fresh
             last = min(first + n, self.num_blocks)
-            out.extend(range(first, last))
+            out += _block_ids(first, last)
             ref_cnt[first:last] = [1] * (last - first)
             self._fresh = last
             n -= last - first
         if not n:
             return out
-        popitem = self.free_queue.popitem
+        run_of = self._run_of
         block_hash = self.block_hash
         cached = self.cached
         events = self.events
+        runs = self._runs
+        self._queued -= n
         removals = evictions = 0
-        for _ in range(n):
-            b, _unused = popitem(False)
-            h = block_hash[b]
-            if h is not None:
-                block_hash[b] = None
-                if cached.get(h) == b:
-                    del cached[h]
-                    removals += 1
-                    if events is not None:
-                        if events and events[-1].kind == "removed":
-                            events[-1].hashes.append(h)
-                        else:
-                            events.append(CacheEvent("removed", None, [h]))
-                evictions += 1
-            ref_cnt[b] = 1
-            out.append(b)
+        while n:
+            rid = next(iter(runs))
+            run = runs[rid]
+            blocks = run.blocks
+            pos = run.pos
+            live = run.live
+            while n and live:
+                b = blocks[pos]
+                pos += 1
+                if ref_cnt[b] or run_of[b] != rid:
+                    continue  # a dead entry
+                run_of[b] = 0
+                live -= 1
+                n -= 1
+                h = block_hash[b]
+                if h is not None:
+                    block_hash[b] = None
+                    if cached.get(h) == b:
+                        del cached[h]
+                        removals += 1
+                        if events is not None:
+                            if events and events[-1].kind == "removed":
+                                events[-1].hashes.append(h)
+                            else:
+                                events.append(CacheEvent("removed", None, [h]))
+                    evictions += 1
+                ref_cnt[b] = 1
+                out.append(b)
+            if live:
+                run.pos = pos
+                run.live = live
+            else:
+                del runs[rid]
         self._removals += removals
         self.evictions += evictions
         return out
@@ -200,22 +300,31 @@ class BlockPool:
         """
         ref_cnt = self.ref_cnt
         block_hash = self.block_hash
-        free_queue = self.free_queue
         spare = self._spare
+        run_of = self._run_of
+        rid = self._next_run
+        queued: list[int] = []
+        queue = queued.append
         for b in reversed(blocks):
             left = ref_cnt[b] - 1
             ref_cnt[b] = left
-            if left == 0:
+            if not left:
                 if block_hash[b] is None:
                     spare.append(b)
+                    run_of[b] = 0
                 else:
-                    free_queue[b] = None
+                    run_of[b] = rid
+                    queue(b)
+        if queued:
+            self._runs[rid] = _Run(queued)
+            self._next_run = rid + 1
+            self._queued += len(queued)
 
     def reset_prefix_cache(self) -> int:
         """Forget the hashes of all free cached blocks; returns how many were dropped."""
         dropped = 0
         removed: list[int] = []
-        for b in self.free_queue:
+        for b in self._queue():
             h = self.block_hash[b]
             if h is not None:
                 self.block_hash[b] = None

@@ -217,7 +217,8 @@ def test_free_queue_runs_keep_the_plain_eviction_order(seed: int) -> None:
             if cached and rng.random() < 0.4:
                 cached = cached[: rng.randrange(len(cached) + 1)]  # a shorter reuse
             need = rng.randint(0, 4) + len(chain) - len(cached)
-            taking = list(map(pool.ref_cnt.__getitem__, cached)).count(0)
+            taking = list(map(plain.ref_cnt.__getitem__, cached)).count(0)
+            assert pool.count_free(cached) == taking
             if need > pool.num_free - taking:
                 continue
             pool.touch(cached)

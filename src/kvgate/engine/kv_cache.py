@@ -32,6 +32,7 @@ class CacheEvent(NamedTuple):
 _LOOKUP_MEMO = 64  # first hashes a pool remembers lookups for (then it starts over)
 
 
+_POSITIVE = (0).__lt__
 _BLOCK_IDS: list[int] = []  # one int object per block id, shared by every pool
 
 
@@ -48,10 +49,11 @@ class _Run:
     """The cached blocks one ``free`` call queued, in eviction order.
 
     A block taken back out of the queue (``touch``) is not removed from ``blocks``: its
-    entry goes dead (the block is in use, or ``BlockPool._run_of`` names a later run), so
-    freeing and reusing a prefix costs a list append and a reference count per block
-    rather than an ordered-dict insert and delete. ``live`` counts the entries still in
-    the queue, ``pos`` is the next entry to evict (all before it are gone)."""
+    entry goes dead (the block's ``BlockPool._ref`` no longer holds this run's id: it is
+    in use or queued in a later run), so freeing and reusing a prefix costs a list append
+    and one slot write per block rather than an ordered-dict insert and delete. ``live``
+    counts the entries still in the queue, ``pos`` is the next entry to evict (all before
+    it are gone)."""
 
     __slots__ = ("blocks", "live", "pos")
 
@@ -66,22 +68,24 @@ class BlockPool:
         if num_blocks < 1:
             raise ValueError("num_blocks must be >= 1")
         self.num_blocks = num_blocks
-        self.ref_cnt = [0] * num_blocks
+        # per block, one slot (the per-block loops then read one cold list, not two):
+        # > 0, the reference count of a block in use; 0, a free block outside the queue
+        # (spare or fresh, below); < 0, a free block queued in the run with that id
+        self._ref = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
         self.cached: dict[int, int] = {}  # block hash -> block id
         # The free queue in eviction order is three runs, taken front to back:
         # ``_spare``, free blocks holding no cached content, a stack (the last is next);
         # ``_fresh`` .. num_blocks - 1, blocks never handed out (so none is built at start);
         # the queue of blocks freed while holding cached content, oldest first: ``_runs``,
-        # one ``_Run`` per ``free`` call in call order (keyed by a serial). A block's entry
-        # is live while the block is free and ``_run_of`` gives that run's serial (0: in
-        # no run); ``_queued`` counts live entries. Only the queue can hold cached blocks,
-        # so only it is evicted from.
+        # one ``_Run`` per ``free`` call in call order, keyed by a negative id (-1, -2, …).
+        # A run's entry for a block is live while the block's ``_ref`` slot holds the id;
+        # ``_queued`` counts live entries. Only the queue can hold cached blocks, so only
+        # it is evicted from.
         self._spare: list[int] = []
         self._fresh = 0
         self._runs: OrderedDict[int, _Run] = OrderedDict()
-        self._run_of = [0] * num_blocks
-        self._next_run = 1
+        self._next_run = -1
         self._queued = 0
         self.evictions = 0
         self.events: list[CacheEvent] | None = None  # None: no cache events recorded
@@ -92,6 +96,15 @@ class BlockPool:
         # it is checked against ``block_hash`` in one C-level pass.
         self._removals = 0
         self._lookups: dict[int, tuple[int, list[int], list[int]]] = {}
+
+    @property
+    def ref_cnt(self) -> list[int]:
+        """Reference count per block (a copy: for inspection)."""
+        return [c if c > 0 else 0 for c in self._ref]
+
+    def count_free(self, blocks: Sequence[int]) -> int:
+        """How many of ``blocks`` are free."""
+        return len(blocks) - sum(map(_POSITIVE, map(self._ref.__getitem__, blocks)))
 
     def drain_events(self) -> list[CacheEvent]:
         """Cache events recorded since the last drain (empty when events are off)."""
@@ -114,11 +127,10 @@ class BlockPool:
 
     def _queue(self) -> Iterator[int]:
         """The freed cached blocks, next to be evicted first (the live entries)."""
-        ref_cnt = self.ref_cnt
-        run_of = self._run_of
+        ref = self._ref
         for rid, run in self._runs.items():
             for b in islice(run.blocks, run.pos, None):
-                if not ref_cnt[b] and run_of[b] == rid:
+                if ref[b] == rid:
                     yield b
 
     def lookup(self, hashes: Sequence[int]) -> list[int]:
@@ -158,30 +170,36 @@ class BlockPool:
         return out
 
     def touch(self, blocks: Sequence[int]) -> None:
-        """Take a reference on cached blocks (removing free ones from the free queue)."""
-        ref_cnt = self.ref_cnt
-        taken: list[int] = []  # blocks that were free
-        take = taken.append
-        for b in blocks:
-            c = ref_cnt[b]
-            if not c:
-                take(b)
-            ref_cnt[b] = c + 1
-        if not taken:
+        """Take a reference on cached blocks (removing free ones from the free queue).
+
+        ``blocks`` holds no block twice (a request's prefix never does)."""
+        ref = self._ref
+        slots = list(map(ref.__getitem__, blocks))
+        if not slots:
             return
-        rids = list(map(self._run_of.__getitem__, taken))
-        rid = rids[0]
-        if rid and rids.count(rid) == len(rids):
-            self._take(rid, taken)  # the usual case: a prefix freed by one request
+        if min(slots) > 0:  # all in use already (a prefix shared with running requests)
+            for b in blocks:
+                ref[b] += 1
+            return
+        rid = slots[0]
+        if rid < 0 and slots.count(rid) == len(slots):
+            # the usual case: a prefix one request freed, all still queued
+            for b in blocks:
+                ref[b] = 1
+            self._take(rid, blocks if type(blocks) is list else list(blocks))
             return
         by_run: dict[int, list[int]] = {}
-        for b, rid in zip(taken, rids, strict=True):
-            if rid:
-                by_run.setdefault(rid, []).append(b)
+        for b, c in zip(blocks, slots, strict=True):
+            if c > 0:
+                ref[b] = c + 1
+                continue
+            ref[b] = 1
+            if c:
+                by_run.setdefault(c, []).append(b)
             else:
                 self._take_uncached(b)
-        for rid, some in by_run.items():
-            self._take(rid, some)
+        for rid, taken in by_run.items():
+            self._take(rid, taken)
 
     def _take(self, rid: int, taken: list[int]) -> None:
         """Account for ``taken`` (live entries of run ``rid``, now in use) leaving the queue."""
@@ -198,11 +216,8 @@ class BlockPool:
             del blocks[-k:]
         if len(blocks) - run.pos > 2 * run.live:
             # mostly dead entries: keep the live ones (each compaction at least halves it)
-            ref_cnt = self.ref_cnt
-            run_of = self._run_of
-            run.blocks = [
-                b for b in islice(blocks, run.pos, None) if not ref_cnt[b] and run_of[b] == rid
-            ]
+            ref = self._ref
+            run.blocks = [b for b in islice(blocks, run.pos, None) if ref[b] == rid]
             run.pos = 0
 
     def _take_uncached(self, b: int) -> None:
@@ -218,23 +233,22 @@ class BlockPool:
         if n > self.num_free:
             raise RuntimeError("not enough free blocks")
         out: list[int] = []
-        ref_cnt = self.ref_cnt
+        ref = self._ref
         spare = self._spare
         while spare and n:
             b = spare.pop()
-            ref_cnt[b] = 1
+            ref[b] = 1
             out.append(b)
             n -= 1
         if n and self._fresh < self.num_blocks:
             first = self._fresh
             last = min(first + n, self.num_blocks)
             out += _block_ids(first, last)
-            ref_cnt[first:last] = [1] * (last - first)
+            ref[first:last] = [1] * (last - first)
             self._fresh = last
             n -= last - first
         if not n:
             return out
-        run_of = self._run_of
         block_hash = self.block_hash
         cached = self.cached
         events = self.events
@@ -250,9 +264,8 @@ class BlockPool:
             while n and live:
                 b = blocks[pos]
                 pos += 1
-                if ref_cnt[b] or run_of[b] != rid:
+                if ref[b] != rid:
                     continue  # a dead entry
-                run_of[b] = 0
                 live -= 1
                 n -= 1
                 h = block_hash[b]
@@ -267,7 +280,7 @@ class BlockPool:
                             else:
                                 events.append(CacheEvent("removed", None, [h]))
                     evictions += 1
-                ref_cnt[b] = 1
+                ref[b] = 1
                 out.append(b)
             if live:
                 run.pos = pos
@@ -298,26 +311,25 @@ class BlockPool:
         its first ones (the shared prefix stays longest). Blocks holding no cached
         content go to the front: reusing them costs no cache.
         """
-        ref_cnt = self.ref_cnt
+        ref = self._ref
         block_hash = self.block_hash
         spare = self._spare
-        run_of = self._run_of
         rid = self._next_run
         queued: list[int] = []
         queue = queued.append
         for b in reversed(blocks):
-            left = ref_cnt[b] - 1
-            ref_cnt[b] = left
-            if not left:
-                if block_hash[b] is None:
-                    spare.append(b)
-                    run_of[b] = 0
-                else:
-                    run_of[b] = rid
-                    queue(b)
+            c = ref[b]
+            if c != 1:
+                ref[b] = c - 1
+            elif block_hash[b] is None:
+                ref[b] = 0
+                spare.append(b)
+            else:
+                ref[b] = rid
+                queue(b)
         if queued:
             self._runs[rid] = _Run(queued)
-            self._next_run = rid + 1
+            self._next_run = rid - 1
             self._queued += len(queued)
 
     def reset_prefix_cache(self) -> int:
@@ -374,7 +386,7 @@ class KVCacheManager:
         table = self.tables.get(request_id, ())
         need = blocks_for(total_tokens, self.block_size) - len(table) - len(new_cached)
         # Cached blocks that are free now leave the free queue when touched.
-        free_cached = list(map(self.pool.ref_cnt.__getitem__, new_cached)).count(0)
+        free_cached = self.pool.count_free(new_cached)
         return need <= self.pool.num_free - free_cached
 
     def allocate(self, request_id: str, total_tokens: int, new_cached: Sequence[int] = ()) -> bool:
@@ -388,9 +400,7 @@ class KVCacheManager:
             # Cached blocks that are free now leave the free queue when touched; count
             # them only when the room is in doubt (it is not when all of them could be).
             free_now = pool.num_free
-            if need > free_now - len(new_cached) and need > free_now - list(
-                map(pool.ref_cnt.__getitem__, new_cached)
-            ).count(0):
+            if need > free_now - len(new_cached) and need > free_now - pool.count_free(new_cached):
                 if not table:
                     del self.tables[request_id]
                 return False

@@ -179,10 +179,10 @@ def test_cached_prefix_tokens_does_not_change_eviction_order() -> None:
     for key in (1, 2):
         core.add_request(req(f"p{key}", 64, 1, key=key), 0.0)
         drain(core)
-    before = list(core.scheduler.kv.pool.free_queue)
+    before = core.scheduler.kv.pool.eviction_order()
     h1 = req("x", 64, 1, key=1).block_hashes
     assert core.cached_prefix_tokens(h1) == 64
-    assert list(core.scheduler.kv.pool.free_queue) == before
+    assert core.scheduler.kv.pool.eviction_order() == before
 
 
 def test_abort_frees_blocks_and_reset_prefix_cache_drops_cached() -> None:

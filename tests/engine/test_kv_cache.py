@@ -135,3 +135,135 @@ def test_lookup_answers_as_a_plain_probe_of_the_cache_map(seed: int) -> None:
             kv.pool.reset_prefix_cache()
         for probe in (chain, rng.choice(heads), chain[:1]):
             assert kv.pool.lookup(probe) == _plain_lookup(kv.pool, probe)
+
+
+class _PlainPool:
+    """The pool as specified, one plain list for the free queue (next to reuse first):
+    a freed block holding no cached content goes to the front, a cached one to the back,
+    a touched one leaves its place; allocating takes from the front, evicting hashes."""
+
+    def __init__(self, n: int) -> None:
+        self.order = list(range(n))
+        self.ref_cnt = [0] * n
+        self.block_hash: list[int | None] = [None] * n
+        self.cached: dict[int, int] = {}
+        self.evictions = 0
+
+    def allocate(self, n: int) -> list[int]:
+        out = self.order[:n]
+        del self.order[:n]
+        for b in out:
+            h = self.block_hash[b]
+            if h is not None:
+                self.block_hash[b] = None
+                if self.cached.get(h) == b:
+                    del self.cached[h]
+                self.evictions += 1
+            self.ref_cnt[b] = 1
+        return out
+
+    def touch(self, blocks: list[int]) -> None:
+        for b in blocks:
+            if self.ref_cnt[b] == 0:
+                self.order.remove(b)
+            self.ref_cnt[b] += 1
+
+    def free(self, blocks: list[int]) -> None:
+        for b in reversed(blocks):
+            self.ref_cnt[b] -= 1
+            if self.ref_cnt[b] == 0:
+                if self.block_hash[b] is None:
+                    self.order.insert(0, b)
+                else:
+                    self.order.append(b)
+
+    def cache_block(self, b: int, h: int) -> None:
+        if self.block_hash[b] is None and h not in self.cached:
+            self.block_hash[b] = h
+            self.cached[h] = b
+
+    def reset_prefix_cache(self) -> int:
+        dropped = 0
+        for b in self.order:
+            h = self.block_hash[b]
+            if h is not None and self.ref_cnt[b] == 0:
+                self.block_hash[b] = None
+                if self.cached.get(h) == b:
+                    del self.cached[h]
+                dropped += 1
+        return dropped
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_free_queue_runs_keep_the_plain_eviction_order(seed: int) -> None:
+    # the pool queues a freed request's cached blocks as one run and leaves blocks taken
+    # back out of it as dead entries; prefixes reused whole or in part, shared by running
+    # requests, evicted, reset and touched while uncached must leave every block, hash and
+    # count where the plain free queue has them
+    import random
+
+    rng = random.Random(seed)
+    n = rng.choice([16, 40, 120])
+    pool, plain = BlockPool(n), _PlainPool(n)
+    heads = [[1000 * g + i for i in range(rng.randint(2, 12))] for g in range(rng.randint(2, 6))]
+    running: list[list[int]] = []
+    for step in range(400):
+        op = rng.random()
+        if op < 0.5:
+            head = rng.choice(heads)
+            chain = head[: rng.randint(1, len(head))] + [10**6 + step * 10 + i for i in range(3)]
+            cached = pool.lookup(chain)
+            assert cached == _plain_lookup(pool, chain)
+            if cached and rng.random() < 0.4:
+                cached = cached[: rng.randrange(len(cached) + 1)]  # a shorter reuse
+            need = rng.randint(0, 4) + len(chain) - len(cached)
+            taking = list(map(plain.ref_cnt.__getitem__, cached)).count(0)
+            assert pool.count_free(cached) == taking
+            if need > pool.num_free - taking:
+                continue
+            pool.touch(cached)
+            plain.touch(cached)
+            new = pool.allocate(need)
+            assert new == plain.allocate(need)
+            table = cached + new
+            for i in range(len(cached), min(len(chain), len(table))):
+                if rng.random() < 0.9:
+                    pool.cache_block(table[i], chain[i])
+                    plain.cache_block(table[i], chain[i])
+            running.append(table)
+        elif op < 0.85 and running:
+            table = running.pop(rng.randrange(len(running)))
+            pool.free(table)
+            plain.free(table)
+        elif op < 0.9:
+            assert pool.reset_prefix_cache() == plain.reset_prefix_cache()
+        elif op < 0.93:
+            # touch a free block holding nothing cached (not an engine path, kept exact)
+            blank = [b for b in plain.order if plain.block_hash[b] is None]
+            if blank:
+                b = rng.choice(blank)
+                pool.touch([b])
+                plain.touch([b])
+                running.append([b])
+        elif op < 0.97:
+            # any free cached blocks, in any order (the engine only takes leading runs)
+            free_cached = [b for b in plain.order if plain.block_hash[b] is not None]
+            some = rng.sample(free_cached, rng.randint(0, len(free_cached)))
+            pool.touch(some)
+            plain.touch(some)
+            running.append(some)
+        elif running:
+            # a running request's blocks touched again by another (shared, no queue change)
+            table = rng.choice(running)
+            pool.touch(table)
+            plain.touch(table)
+            running.append(list(table))
+        assert pool.eviction_order() == plain.order
+        assert pool.num_free == len(plain.order)
+        assert pool.ref_cnt == plain.ref_cnt
+        assert pool.block_hash == plain.block_hash
+        assert pool.cached == plain.cached
+        assert pool.evictions == plain.evictions
+        # dead entries stay bounded: past the front run, at most one per live entry
+        for run in list(pool._runs.values())[1:]:
+            assert len(run.blocks) - run.pos <= 2 * run.live

@@ -70,3 +70,49 @@ def test_weighted_scores_match_a_plain_loop(seed: int, monkeypatch: Any) -> None
     want = _plain(nodes, terms)
     assert list(got) == nodes
     assert [v.hex() for v in got.values()] == [v.hex() for v in want.values()]
+
+
+def _scan_top(scores: dict[str, float], eps: float) -> list[str]:
+    best = max(scores.values())
+    return [n for n, s in scores.items() if s >= best - eps]
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_load_scores_read_and_rank_as_the_full_dict(seed: int, monkeypatch: Any) -> None:
+    # hybrid's sums kept as parts (no dict over every node): each node's float, and the
+    # near-best set a pick scans for, must be what the full dict gives, ties included
+    from kvgate.routing.policies.base import RoutingContext
+    from kvgate.routing.score_table import LoadScores
+
+    rng = random.Random(seed)
+    nodes = [f"n{i}" for i in range(rng.randint(1, 40))]
+    grid = [0.0, 1.0, 2.0, 2.0 + 1e-12, 2.0 + 5e-8, 3.5, 1e6]
+    loads = {n: rng.choice([*grid, rng.uniform(0, 5), rng.choice(grid) * 1.0000001]) for n in nodes}
+    step = rng.choice([0.02, 0.05, 1e-7, 3.0])
+    ctx: Any = SimpleNamespace(loads=loads, prefill=SimpleNamespace(step_s=step))
+    names = [f"s{k}" for k in range(rng.randint(0, 4))] + ["load"]
+    fake: dict[str, Any] = {"load": load_score}
+    weights: dict[str, float] = {}
+    for name in names:
+        weights[name] = rng.choice([1.0, 0.05, 2.0, rng.uniform(0, 3), 1e-9, 1e8])
+        if name != "load":
+            sc = _random_scores(rng, nodes)
+            if sc.each is not None:
+                sc = Scores(every=rng.choice([0.0, 1e-10, 5e5]), some={})
+            fake[name] = lambda req, c, sc=sc: sc
+    monkeypatch.setattr(scorers, "SCORERS", fake)
+    got = scorers.weighted_score_map(None, ctx, weights)  # type: ignore[arg-type]
+    assert isinstance(got, LoadScores)
+    want = weighted_scores(None, ctx, weights)  # type: ignore[arg-type]
+    assert [got[n].hex() for n in nodes] == [v.hex() for v in want.values()]
+    for eps in (1e-9, 0.0, 1e-3):
+        top = got.top(eps)
+        if top is not None:
+            assert top == _scan_top(want, eps)
+    fresh = LoadScores(got.loads, got.base, got.fixed, got.weight, got.neg_step)
+    a = RoutingContext.__new__(RoutingContext)
+    b = RoutingContext.__new__(RoutingContext)
+    a.loads = b.loads = loads
+    a.rng, b.rng = random.Random(seed), random.Random(seed)
+    assert a.pick(fresh) == b.pick(dict(want))
+    assert a.rng.random() == b.rng.random()  # the same draws, or none on both

@@ -17,7 +17,8 @@ publishes them (engine-sim: vLLM's KV event wire format) or feeds them to an ind
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from itertools import islice
 from typing import NamedTuple
 
 
@@ -31,22 +32,61 @@ class CacheEvent(NamedTuple):
 _LOOKUP_MEMO = 64  # first hashes a pool remembers lookups for (then it starts over)
 
 
+_POSITIVE = (0).__lt__
+_BLOCK_IDS: list[int] = []  # one int object per block id, shared by every pool
+
+
+def _block_ids(first: int, last: int) -> list[int]:
+    """Block ids ``first`` .. ``last - 1`` as the shared int objects: a pool's lists then
+    hold references to one compact table instead of ints scattered over the heap (one
+    per block per pool), which the per-block loops would otherwise read from cold memory."""
+    if last > len(_BLOCK_IDS):
+        _BLOCK_IDS.extend(range(len(_BLOCK_IDS), last))
+    return _BLOCK_IDS[first:last]
+
+
+class _Run:
+    """The cached blocks one ``free`` call queued, in eviction order.
+
+    A block taken back out of the queue (``touch``) is not removed from ``blocks``: its
+    entry goes dead (the block's ``BlockPool._ref`` no longer holds this run's id: it is
+    in use or queued in a later run), so freeing and reusing a prefix costs a list append
+    and one slot write per block rather than an ordered-dict insert and delete. ``live``
+    counts the entries still in the queue, ``pos`` is the next entry to evict (all before
+    it are gone)."""
+
+    __slots__ = ("blocks", "live", "pos")
+
+    def __init__(self, blocks: list[int]) -> None:
+        self.blocks = blocks
+        self.live = len(blocks)
+        self.pos = 0
+
+
 class BlockPool:
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 1:
             raise ValueError("num_blocks must be >= 1")
         self.num_blocks = num_blocks
-        self.ref_cnt = [0] * num_blocks
+        # per block, one slot (the per-block loops then read one cold list, not two):
+        # > 0, the reference count of a block in use; 0, a free block outside the queue
+        # (spare or fresh, below); < 0, a free block queued in the run with that id
+        self._ref = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
         self.cached: dict[int, int] = {}  # block hash -> block id
         # The free queue in eviction order is three runs, taken front to back:
         # ``_spare``, free blocks holding no cached content, a stack (the last is next);
         # ``_fresh`` .. num_blocks - 1, blocks never handed out (so none is built at start);
-        # ``free_queue``, blocks freed while holding cached content, oldest first.
-        # Only ``free_queue`` can hold cached blocks, so only it is evicted from.
+        # the queue of blocks freed while holding cached content, oldest first: ``_runs``,
+        # one ``_Run`` per ``free`` call in call order, keyed by a negative id (-1, -2, …).
+        # A run's entry for a block is live while the block's ``_ref`` slot holds the id;
+        # ``_queued`` counts live entries. Only the queue can hold cached blocks, so only
+        # it is evicted from.
         self._spare: list[int] = []
         self._fresh = 0
-        self.free_queue: OrderedDict[int, None] = OrderedDict()  # values unused
+        self._runs: OrderedDict[int, _Run] = OrderedDict()
+        self._next_run = -1
+        self._queued = 0
         self.evictions = 0
         self.events: list[CacheEvent] | None = None  # None: no cache events recorded
         # ``lookup`` remembers its last answer per first hash: (removals then, the hashes
@@ -56,6 +96,15 @@ class BlockPool:
         # it is checked against ``block_hash`` in one C-level pass.
         self._removals = 0
         self._lookups: dict[int, tuple[int, list[int], list[int]]] = {}
+
+    @property
+    def ref_cnt(self) -> list[int]:
+        """Reference count per block (a copy: for inspection)."""
+        return [c if c > 0 else 0 for c in self._ref]
+
+    def count_free(self, blocks: Sequence[int]) -> int:
+        """How many of ``blocks`` are free."""
+        return len(blocks) - sum(map(_POSITIVE, map(self._ref.__getitem__, blocks)))
 
     def drain_events(self) -> list[CacheEvent]:
         """Cache events recorded since the last drain (empty when events are off)."""
@@ -67,14 +116,22 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        return len(self._spare) + self.num_blocks - self._fresh + len(self.free_queue)
+        return len(self._spare) + self.num_blocks - self._fresh + self._queued
 
     def usage(self) -> float:
         return 1.0 - self.num_free / self.num_blocks
 
     def eviction_order(self) -> list[int]:
         """Every free block, next to be reused first."""
-        return [*reversed(self._spare), *range(self._fresh, self.num_blocks), *self.free_queue]
+        return [*reversed(self._spare), *range(self._fresh, self.num_blocks), *self._queue()]
+
+    def _queue(self) -> Iterator[int]:
+        """The freed cached blocks, next to be evicted first (the live entries)."""
+        ref = self._ref
+        for rid, run in self._runs.items():
+            for b in islice(run.blocks, run.pos, None):
+                if ref[b] == rid:
+                    yield b
 
     def lookup(self, hashes: Sequence[int]) -> list[int]:
         """Block ids of the longest cached run of leading hashes (no side effects)."""
@@ -113,22 +170,61 @@ class BlockPool:
         return out
 
     def touch(self, blocks: Sequence[int]) -> None:
-        """Take a reference on cached blocks (removing free ones from the free queue)."""
-        ref_cnt = self.ref_cnt
-        free_queue = self.free_queue
-        for b in blocks:
-            if ref_cnt[b] == 0:
-                if b in free_queue:
-                    del free_queue[b]
-                else:
-                    self._take_uncached(b)
-            ref_cnt[b] += 1
+        """Take a reference on cached blocks (removing free ones from the free queue).
+
+        ``blocks`` holds no block twice (a request's prefix never does)."""
+        ref = self._ref
+        slots = list(map(ref.__getitem__, blocks))
+        if not slots:
+            return
+        if min(slots) > 0:  # all in use already (a prefix shared with running requests)
+            for b in blocks:
+                ref[b] += 1
+            return
+        rid = slots[0]
+        if rid < 0 and slots.count(rid) == len(slots):
+            # the usual case: a prefix one request freed, all still queued
+            for b in blocks:
+                ref[b] = 1
+            self._take(rid, blocks if type(blocks) is list else list(blocks))
+            return
+        by_run: dict[int, list[int]] = {}
+        for b, c in zip(blocks, slots, strict=True):
+            if c > 0:
+                ref[b] = c + 1
+                continue
+            ref[b] = 1
+            if c:
+                by_run.setdefault(c, []).append(b)
+            else:
+                self._take_uncached(b)
+        for rid, taken in by_run.items():
+            self._take(rid, taken)
+
+    def _take(self, rid: int, taken: list[int]) -> None:
+        """Account for ``taken`` (live entries of run ``rid``, now in use) leaving the queue."""
+        k = len(taken)
+        self._queued -= k
+        run = self._runs[rid]
+        run.live -= k
+        if not run.live:
+            del self._runs[rid]
+            return
+        blocks = run.blocks
+        if blocks[-k:] == taken[::-1]:
+            # the run's tail (a prefix freed last, as a request frees tail first): drop it
+            del blocks[-k:]
+        if len(blocks) - run.pos > 2 * run.live:
+            # mostly dead entries: keep the live ones (each compaction at least halves it)
+            ref = self._ref
+            run.blocks = [b for b in islice(blocks, run.pos, None) if ref[b] == rid]
+            run.pos = 0
 
     def _take_uncached(self, b: int) -> None:
         """Remove a free block that holds no cached content (not a path the engine takes)."""
         if self._fresh < self.num_blocks:
             # Put the never-used run under the spare stack: the same order, one run.
-            self._spare[:0] = range(self.num_blocks - 1, self._fresh - 1, -1)
+            self._spare[:0] = _block_ids(self._fresh, self.num_blocks)[::-1]
             self._fresh = self.num_blocks
         self._spare.remove(b)
 
@@ -137,43 +233,60 @@ class BlockPool:
         if n > self.num_free:
             raise RuntimeError("not enough free blocks")
         out: list[int] = []
-        ref_cnt = self.ref_cnt
+        ref = self._ref
         spare = self._spare
         while spare and n:
             b = spare.pop()
-            ref_cnt[b] = 1
+            ref[b] = 1
             out.append(b)
             n -= 1
         if n and self._fresh < self.num_blocks:
             first = self._fresh
             last = min(first + n, self.num_blocks)
-            out.extend(range(first, last))
-            ref_cnt[first:last] = [1] * (last - first)
+            out += _block_ids(first, last)
+            ref[first:last] = [1] * (last - first)
             self._fresh = last
             n -= last - first
         if not n:
             return out
-        popitem = self.free_queue.popitem
         block_hash = self.block_hash
         cached = self.cached
         events = self.events
+        runs = self._runs
+        self._queued -= n
         removals = evictions = 0
-        for _ in range(n):
-            b, _unused = popitem(False)
-            h = block_hash[b]
-            if h is not None:
-                block_hash[b] = None
-                if cached.get(h) == b:
-                    del cached[h]
-                    removals += 1
-                    if events is not None:
-                        if events and events[-1].kind == "removed":
-                            events[-1].hashes.append(h)
-                        else:
-                            events.append(CacheEvent("removed", None, [h]))
-                evictions += 1
-            ref_cnt[b] = 1
-            out.append(b)
+        while n:
+            rid = next(iter(runs))
+            run = runs[rid]
+            blocks = run.blocks
+            pos = run.pos
+            live = run.live
+            while n and live:
+                b = blocks[pos]
+                pos += 1
+                if ref[b] != rid:
+                    continue  # a dead entry
+                live -= 1
+                n -= 1
+                h = block_hash[b]
+                if h is not None:
+                    block_hash[b] = None
+                    if cached.get(h) == b:
+                        del cached[h]
+                        removals += 1
+                        if events is not None:
+                            if events and events[-1].kind == "removed":
+                                events[-1].hashes.append(h)
+                            else:
+                                events.append(CacheEvent("removed", None, [h]))
+                    evictions += 1
+                ref[b] = 1
+                out.append(b)
+            if live:
+                run.pos = pos
+                run.live = live
+            else:
+                del runs[rid]
         self._removals += removals
         self.evictions += evictions
         return out
@@ -198,24 +311,32 @@ class BlockPool:
         its first ones (the shared prefix stays longest). Blocks holding no cached
         content go to the front: reusing them costs no cache.
         """
-        ref_cnt = self.ref_cnt
+        ref = self._ref
         block_hash = self.block_hash
-        free_queue = self.free_queue
         spare = self._spare
+        rid = self._next_run
+        queued: list[int] = []
+        queue = queued.append
         for b in reversed(blocks):
-            left = ref_cnt[b] - 1
-            ref_cnt[b] = left
-            if left == 0:
-                if block_hash[b] is None:
-                    spare.append(b)
-                else:
-                    free_queue[b] = None
+            c = ref[b]
+            if c != 1:
+                ref[b] = c - 1
+            elif block_hash[b] is None:
+                ref[b] = 0
+                spare.append(b)
+            else:
+                ref[b] = rid
+                queue(b)
+        if queued:
+            self._runs[rid] = _Run(queued)
+            self._next_run = rid - 1
+            self._queued += len(queued)
 
     def reset_prefix_cache(self) -> int:
         """Forget the hashes of all free cached blocks; returns how many were dropped."""
         dropped = 0
         removed: list[int] = []
-        for b in self.free_queue:
+        for b in self._queue():
             h = self.block_hash[b]
             if h is not None:
                 self.block_hash[b] = None
@@ -265,7 +386,7 @@ class KVCacheManager:
         table = self.tables.get(request_id, ())
         need = blocks_for(total_tokens, self.block_size) - len(table) - len(new_cached)
         # Cached blocks that are free now leave the free queue when touched.
-        free_cached = list(map(self.pool.ref_cnt.__getitem__, new_cached)).count(0)
+        free_cached = self.pool.count_free(new_cached)
         return need <= self.pool.num_free - free_cached
 
     def allocate(self, request_id: str, total_tokens: int, new_cached: Sequence[int] = ()) -> bool:
@@ -279,9 +400,7 @@ class KVCacheManager:
             # Cached blocks that are free now leave the free queue when touched; count
             # them only when the room is in doubt (it is not when all of them could be).
             free_now = pool.num_free
-            if need > free_now - len(new_cached) and need > free_now - list(
-                map(pool.ref_cnt.__getitem__, new_cached)
-            ).count(0):
+            if need > free_now - len(new_cached) and need > free_now - pool.count_free(new_cached):
                 if not table:
                     del self.tables[request_id]
                 return False

@@ -7,11 +7,13 @@ by more than ``margin`` — the spill rule; without a preference it is ``ctx.pic
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from kvgate.routing.policies.base import RoutingContext
 
 
 def pick_with_preference(
-    ctx: RoutingContext, scores: dict[str, float], preferred: str | None, margin: float
+    ctx: RoutingContext, scores: Mapping[str, float], preferred: str | None, margin: float
 ) -> tuple[str, bool]:
     """(node, spilled): ``spilled`` when a preferred node was left for a better one."""
     best = ctx.pick(scores)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from kvgate.routing.policies.base import RoutingContext
+from kvgate.routing.score_table import LoadScores
 from kvgate.types import RouteRequest
 
 
@@ -126,17 +127,28 @@ def weighted_scores(
     every node but the few in ``fixed``; the ``load`` term is added in the same pass
     that builds the answer (it is the one per-node term of the default policy).
     """
+    sums = weighted_score_map(req, ctx, weights)
+    return sums.as_dict() if isinstance(sums, LoadScores) else sums
+
+
+def weighted_score_map(
+    req: RouteRequest, ctx: RoutingContext, weights: Mapping[str, float]
+) -> dict[str, float] | LoadScores:
+    """``weighted_scores``, kept as its parts (``LoadScores``: no pass over every node)
+    when the ``load`` term is the last one and every term before it scored most nodes
+    alike; else the dict."""
     loads = ctx.loads
     base = 0.0
     fixed: dict[str, float] = {}
     sums: dict[str, float] | None = None  # per node, once a scorer scored each node
-    for name, weight in weights.items():
-        if weight == 0.0:
-            continue
+    terms = [(name, weight) for name, weight in weights.items() if weight != 0.0]
+    for i, (name, weight) in enumerate(terms):
         scorer = SCORERS[name]
         if scorer is load_score:
             neg_step = -ctx.prefill.step_s  # load_score's (-step) * load, the same floats
             if sums is None:
+                if i == len(terms) - 1:
+                    return LoadScores(loads, base, fixed, weight, neg_step)
                 sums = {n: base + weight * (neg_step * load) for n, load in loads.items()}
                 for n, total in fixed.items():
                     sums[n] = total + weight * (neg_step * loads[n])

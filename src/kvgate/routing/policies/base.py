@@ -25,11 +25,12 @@ Then ``RoutingConfig(policy="oracle")`` validates and ``Router.set_policy("oracl
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from kvgate.flags import Flags
 from kvgate.routing.placement import Placements
+from kvgate.routing.score_table import LoadScores
 from kvgate.tokens import BLOCK_SIZE
 from kvgate.types import RouteDecision, RouteRequest
 
@@ -196,10 +197,12 @@ class RoutingContext:
     def boost(self, node_id: str) -> float:
         return self.boosts().get(node_id, 0.0)
 
-    def pick(self, scores: dict[str, float]) -> str:
+    def pick(self, scores: Mapping[str, float]) -> str:
         """Highest score; ties broken by lower load, then at random (injected rng)."""
-        best = max(scores.values())
-        top = [n for n, s in scores.items() if s >= best - 1e-9]
+        top = scores.top(1e-9) if isinstance(scores, LoadScores) else None
+        if top is None:
+            best = max(scores.values())
+            top = [n for n, s in scores.items() if s >= best - 1e-9]
         if len(top) > 1:
             least = min(self.loads[n] for n in top)
             top = [n for n in top if self.loads[n] <= least + 1e-9]

@@ -35,11 +35,12 @@ affinity is never left (plain affinity); ``cold_boost`` off → no boost.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 
 from kvgate.routing.picker import pick_with_preference
 from kvgate.routing.policies.base import RoutingContext, expected_tokens
 from kvgate.routing.prefix_index import PrefixIndex
-from kvgate.routing.scorers import weighted_scores
+from kvgate.routing.scorers import weighted_score_map
 from kvgate.tokens import BLOCK_SIZE
 from kvgate.types import RouteDecision, RouteRequest
 
@@ -90,7 +91,7 @@ def _capacity_blocks(ctx: RoutingContext, node_id: str) -> int | None:
     return tokens // BLOCK_SIZE if tokens else None
 
 
-def _affine_by_cache(matches: dict[str, int], scores: dict[str, float], home: list[str]) -> str:
+def _affine_by_cache(matches: dict[str, int], scores: Mapping[str, float], home: list[str]) -> str:
     """The node with the longest cached prefix; ties to the home node, then the best score."""
     longest = max(matches.values())
     tied = [n for n, t in matches.items() if t == longest]
@@ -103,7 +104,7 @@ def _affine_by_cache(matches: dict[str, int], scores: dict[str, float], home: li
 
 
 def place_new_prefix(
-    ctx: RoutingContext, scores: dict[str, float], home: list[str], within: float | None = None
+    ctx: RoutingContext, scores: Mapping[str, float], home: list[str], within: float | None = None
 ) -> str:
     """Where a prefix nobody holds starts. A new prefix brings its future requests along,
     so among nodes within one engine step (``within``: a policy's own estimate of its
@@ -169,7 +170,7 @@ class HybridPolicy:
         if matches and self._shadow_on(ctx):
             matches = ctx.restrict_matches(self._not_evicted(req, ctx, matches))
             evicted = not matches  # the index's every match is gone from its engine
-        scores = weighted_scores(req, ctx, weights)
+        scores = weighted_score_map(req, ctx, weights)
         home = ctx.home_set(req) if self.use_home else []
         if matches:
             affine = _affine_by_cache(matches, scores, home)

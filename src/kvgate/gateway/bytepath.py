@@ -6,7 +6,9 @@ once with C-level byte scans: ``[DONE]`` by substring, generated tokens by count
 non-empty ``"content":"``/``"text":"`` fields (engines stream about one token per chunk;
 exact counts arrive with usage), usage only where ``"usage":{`` occurs (that one event
 is JSON-parsed), and the injected ``"usage":null`` fields removed by ``bytes.replace``.
-Everything that arrived together leaves in one write. Until the client's response is
+The first content-bearing chunk (``pipeline.first_token``) is reported at once, whatever
+the batch: admission times the first token from it. Everything that arrived together
+leaves in one write. Until the client's response is
 ready (``go_live``) output is held, so a failure before the first byte can be retried.
 """
 
@@ -19,6 +21,7 @@ from typing import Any
 from kvgate.gateway.sse import parse_event
 from kvgate.gateway.upstream import Exchange
 from kvgate.gateway.usage import Usage, is_usage_only_chunk, parse_usage
+from kvgate.pipeline.first_token import ProgressSchedule, events_bear_content
 
 _HIGH_WATER = 256 * 1024  # client write buffer above this: stop reading upstream
 _LOW_WATER = 64 * 1024
@@ -54,10 +57,9 @@ class SseRelay:
         self.exchange = exchange
         self.strip_usage = strip_usage
         self.on_progress = on_progress
-        self.progress_batch = max(1, progress_batch)
+        self.schedule = ProgressSchedule(progress_batch)
         self.usage: Usage | None = None
         self.generated = 0
-        self.reported = 0
         self.done = False  # [DONE] seen
         self.client_gone = False
         self.reads = 0  # upstream reads seen (the idle timeout checks it per gap)
@@ -111,9 +113,12 @@ class SseRelay:
                 self._tail.append(events)
             else:
                 self._out(events)
-        if generated - self.reported >= self.progress_batch and self.on_progress is not None:
-            self.reported = generated
-            self.on_progress(generated)
+        if self.on_progress is not None:
+            schedule = self.schedule
+            bears = schedule.first_seen or events_bear_content(events)
+            count = schedule.report(generated, bears)
+            if count is not None:
+                self.on_progress(count)
 
     def _usage(self, events: bytes) -> bytes:
         if any(mark in events for mark in _USAGE_MARKS):

@@ -26,6 +26,7 @@ from kvgate.engine.metrics import EngineMetrics
 from kvgate.engine.outputs import OutputPlan, plan_output
 from kvgate.engine.profiles import Profile
 from kvgate.engine.request import EngineEvent, EngineRequest, EventKind
+from kvgate.engine.surface import Surface
 from kvgate.kv_events.publisher import KvEventPublisher
 from kvgate.kv_events.tokenizer import PromptHasher
 from kvgate.kv_events.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
@@ -167,6 +168,7 @@ class EngineServer:
         self._driver: asyncio.Task[None] | None = None
         self._failed: tuple[int, str] | None = None
         self.created = int(time.time())
+        self.surface = Surface(self)
 
     # ---- time and driver ------------------------------------------------------------
 
@@ -274,6 +276,7 @@ class EngineServer:
         app.router.add_post("/reset_prefix_cache", self.handle_reset)
         app.router.add_post("/v1/completions", self.handle_completions)
         app.router.add_post("/v1/chat/completions", self.handle_chat)
+        self.surface.add_routes(app)
         app.on_startup.append(lambda _app: self.start())
         app.on_cleanup.append(lambda _app: self.stop())
         return app

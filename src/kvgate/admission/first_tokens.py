@@ -2,7 +2,7 @@
 
 The dynamic quota loop reads their percentile over its last period: it is the part of
 TTFT the total controls (queueing and prefill in the engines), measured by the gateway
-itself from the stream's first progress report.
+itself from the stream's first content-bearing chunk (``pipeline.first_token``).
 """
 
 from __future__ import annotations

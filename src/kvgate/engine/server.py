@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from kvgate.engine.core import EngineCore
+from kvgate.engine.http_errors import error_response
 from kvgate.engine.metrics import EngineMetrics
 from kvgate.engine.outputs import OutputPlan, plan_output
 from kvgate.engine.profiles import Profile
@@ -44,14 +45,6 @@ class RequestError(Exception):
         self.param = param
         self.status = status
         self.code = code
-
-
-def error_response(
-    status: int, message: str, param: str | None = None, code: str | None = None
-) -> web.Response:
-    err_type = {400: "invalid_request_error", 404: "not_found_error"}.get(status, "server_error")
-    body = {"error": {"message": message, "type": err_type, "param": param, "code": code}}
-    return web.json_response(body, status=status)
 
 
 @dataclass(slots=True)

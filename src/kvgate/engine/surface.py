@@ -13,18 +13,17 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import xxhash
 from aiohttp import web
-from prometheus_client import Counter
+from prometheus_client import CollectorRegistry, Counter
 
+from kvgate.engine.http_errors import error_response
 from kvgate.engine.outputs import OutputPlan, plan_output
+from kvgate.engine.profiles import Profile
 from kvgate.engine.request import EventKind
 from kvgate.tokens import tokenize
-
-if TYPE_CHECKING:
-    from kvgate.engine.server import EngineServer
 
 DEFAULT_DIMENSIONS = 64
 MAX_STORED_RESPONSES = 10_000
@@ -80,10 +79,29 @@ def _texts(value: Any, param: str) -> list[str]:
     raise SurfaceError(f"{param} must be a string or a non-empty list of strings", param)
 
 
+class SurfaceHost(Protocol):
+    """What the extra routes need of the engine server that mounts them."""
+
+    model_name: str
+    registry: CollectorRegistry
+    profile: Profile
+    _failed: tuple[int, str] | None
+
+    async def _read_body(self, request: web.Request) -> dict[str, Any]: ...
+
+    def submit(self, request_id: str, text_pieces: list[str], plan: OutputPlan) -> Any: ...
+
+    def release(self, request_id: str, *, abort: bool) -> None: ...
+
+    def _on_event(self, pending: Any, ev: Any) -> None: ...
+
+    def _usage(self, pending: Any) -> dict[str, Any]: ...
+
+
 class Surface:
     """The extra routes of one ``EngineServer``."""
 
-    def __init__(self, server: EngineServer) -> None:
+    def __init__(self, server: SurfaceHost) -> None:
         self.server = server
         self.responses: dict[str, str] = {}  # response id -> full conversation text
         labels = ["model_name", "endpoint"]
@@ -117,8 +135,6 @@ class Surface:
         app.router.add_get("/v1/responses/{response_id}", self._wrap(self.get_response))
 
     def _wrap(self, fn: Any) -> Any:
-        from kvgate.engine.server import error_response
-
         async def handler(request: web.Request) -> web.StreamResponse:
             try:
                 body: dict[str, Any] = {}
@@ -279,8 +295,6 @@ class Surface:
         return web.json_response({"id": rid, "object": "response", "status": "completed"})
 
     async def create_response(self, request: web.Request, body: dict[str, Any]) -> web.Response:
-        from kvgate.engine.server import error_response
-
         text = self._conversation(body)
         prev = body.get("previous_response_id")
         max_out = body.get("max_output_tokens")

@@ -2,13 +2,30 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from kvgate.admission.core import AdmissionCore
+from kvgate.admission.decisions import DecisionCounter
+from kvgate.admission.ledger import Ledger
+from kvgate.admission.overcommit import Overcommit
+from kvgate.admission.queue import AdmissionQueue
+from kvgate.admission.quota_book import QuotaBook
+from kvgate.admission.store_link import StoreLink
+from kvgate.flags import Flags
 
 
-def snapshot(core: AdmissionCore) -> dict[str, Any]:
+class AdmissionParts(Protocol):
+    """The parts of an admission core that its snapshot reads."""
+
+    flags: Flags
+    book: QuotaBook
+    link: StoreLink
+    ledger: Ledger
+    queue: AdmissionQueue
+    overcommit: Overcommit
+    decisions: DecisionCounter
+
+
+def snapshot(core: AdmissionParts) -> dict[str, Any]:
     usage = {t: u for t, u in core.link.usage.items() if u}
     by_mode = core.ledger.reserved_by()
     tenants = {

@@ -54,6 +54,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         option = "--" + name.replace("_", "-")
         parser.add_argument(option, type=int, default=None, help=f"{what} (default: profile's)")
     parser.add_argument(
+        "--decode-ms-per-token",
+        type=float,
+        default=None,
+        help="replace the profile's decode step: this many ms per token at batch 1, "
+        "+0.5%% per extra running sequence",
+    )
+    parser.add_argument(
+        "--prefill-tokens-per-s",
+        type=float,
+        default=None,
+        help="replace the profile's prompt compute: uncached prompt tokens per second",
+    )
+    parser.add_argument(
         "--port-file", default=None, help="write the bound ports here, one a line, when ready"
     )
     parser.add_argument(
@@ -96,6 +109,10 @@ def _validate(args: argparse.Namespace) -> str | None:
         value = getattr(args, name)
         if value is not None and value < 1:
             return f"--{name.replace('_', '-')} must be >= 1"
+    for name in ("decode_ms_per_token", "prefill_tokens_per_s"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            return f"--{name.replace('_', '-')} must be > 0"
     if args.kv_events_replay_endpoint and not args.kv_events_endpoint:
         return "--kv-events-replay-endpoint needs --kv-events-endpoint"
     return None
@@ -123,7 +140,11 @@ def _publisher(args: argparse.Namespace, i: int) -> KvEventPublisher | None:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    profile = get_profile(args.profile).with_overrides(**{n: getattr(args, n) for n in LIMITS})
+    profile = get_profile(args.profile).with_overrides(
+        **{n: getattr(args, n) for n in LIMITS},
+        decode_ms_per_token=args.decode_ms_per_token,
+        prefill_tokens_per_s=args.prefill_tokens_per_s,
+    )
     hasher = None
     if args.tokenizer:
         hasher = PromptHasher(

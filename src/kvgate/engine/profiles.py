@@ -8,6 +8,11 @@ attention reads ``kv_tokens`` cached tokens. Its duration is
             (weight_bytes + kv_tokens * kv_bytes_per_token) / (mem_bw * bw_eff))
 
 The derivation of every number is in docs/engine-model.md.
+
+A profile may replace the roofline with measured speeds, as a test of another engine
+would state them: ``decode_s_per_token`` makes a step of ``b`` sequences cost
+``decode_s_per_token * (1 + DECODE_BATCH_SLOWDOWN * (b - 1))`` and
+``prefill_tokens_per_s`` makes its prompt tokens cost ``1 / prefill_tokens_per_s`` each.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from dataclasses import dataclass, replace
 from kvgate.tokens import BLOCK_SIZE
 
 GIB = 1024**3
+# relative slowdown of a decode step per extra running sequence, with a decode override
+DECODE_BATCH_SLOWDOWN = 0.005
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +45,8 @@ class Profile:
     max_num_batched_tokens: int
     max_model_len: int
     block_size: int = BLOCK_SIZE
+    decode_s_per_token: float | None = None  # replaces the roofline's decode step
+    prefill_tokens_per_s: float | None = None  # replaces the roofline's prompt compute
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -53,9 +62,17 @@ class Profile:
 
     def step_time(self, num_tokens: int, num_seqs: int, kv_tokens: int) -> float:
         """Duration of one step (seconds of simulated time)."""
+        if self.decode_s_per_token is not None:
+            return self._decode_step(num_seqs) + self._prompt_time(num_tokens - num_seqs)
         compute = num_tokens * self.seconds_per_compute_token
+        if self.prefill_tokens_per_s is not None:
+            # one decode token per scheduled sequence; the rest are prompt tokens
+            compute = num_seqs * self.seconds_per_compute_token
+            prompt = self._prompt_time(num_tokens - num_seqs)
+        else:
+            prompt = 0.0
         memory = (self.weight_bytes + kv_tokens * self.kv_bytes_per_token) * self.seconds_per_byte
-        return self.overhead_s + self.per_seq_s * num_seqs + max(compute, memory)
+        return self.overhead_s + self.per_seq_s * num_seqs + max(compute, memory) + prompt
 
     def decode_run_time(self, batch: int, kv_tokens: int, steps: int) -> float:
         """Total time of ``steps`` consecutive pure-decode steps of ``batch`` sequences.
@@ -65,6 +82,8 @@ class Profile:
         """
         if steps <= 0:
             return 0.0
+        if self.decode_s_per_token is not None:
+            return steps * self._decode_step(batch)
         fixed = self.overhead_s + self.per_seq_s * batch
         compute = batch * self.seconds_per_compute_token
         mem0 = (self.weight_bytes + kv_tokens * self.kv_bytes_per_token) * self.seconds_per_byte
@@ -78,6 +97,17 @@ class Profile:
         index_sum = (steps - 1) * steps / 2 - (switch - 1) * switch / 2
         return steps * fixed + switch * compute + mem_steps * mem0 + slope * index_sum
 
+    def _decode_step(self, batch: int) -> float:
+        assert self.decode_s_per_token is not None
+        return self.decode_s_per_token * (1.0 + DECODE_BATCH_SLOWDOWN * max(0, batch - 1))
+
+    def _prompt_time(self, prompt_tokens: int) -> float:
+        """Compute time of a step's prompt tokens (each sequence also decodes one)."""
+        prompt_tokens = max(0, prompt_tokens)
+        if self.prefill_tokens_per_s is not None:
+            return prompt_tokens / self.prefill_tokens_per_s
+        return prompt_tokens * self.seconds_per_compute_token
+
     def with_overrides(
         self,
         *,
@@ -86,6 +116,8 @@ class Profile:
         max_num_batched_tokens: int | None = None,
         max_model_len: int | None = None,
         model: str | None = None,
+        decode_ms_per_token: float | None = None,
+        prefill_tokens_per_s: float | None = None,
     ) -> Profile:
         p = replace(
             self,
@@ -98,7 +130,21 @@ class Profile:
             ),
             max_model_len=max_model_len if max_model_len is not None else self.max_model_len,
             model=model if model is not None else self.model,
+            decode_s_per_token=(
+                decode_ms_per_token / 1000.0
+                if decode_ms_per_token is not None
+                else self.decode_s_per_token
+            ),
+            prefill_tokens_per_s=(
+                prefill_tokens_per_s
+                if prefill_tokens_per_s is not None
+                else self.prefill_tokens_per_s
+            ),
         )
+        if p.decode_s_per_token is not None and not p.decode_s_per_token > 0:
+            raise ValueError("decode_ms_per_token must be > 0")
+        if p.prefill_tokens_per_s is not None and not p.prefill_tokens_per_s > 0:
+            raise ValueError("prefill_tokens_per_s must be > 0")
         for field_name in ("num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(p, field_name) < 1:
                 raise ValueError(f"{field_name} must be >= 1")

@@ -51,6 +51,11 @@ FLAG_SPECS: tuple[FlagSpec, ...] = (
         "prefill_gate",
         "admissions are not paced by the engines' prefill backlog (only the quota limits them)",
     ),
+    FlagSpec(
+        "fail_open",
+        "admission holds work by its own limits even while every engine reports headroom, "
+        "and its limits may shrink while the engines are idle",
+    ),
     FlagSpec("dynamic_quota", "the cluster total stays at its configured value"),
     FlagSpec("degrade", "over-quota work is queued or rejected, never degraded"),
     FlagSpec(

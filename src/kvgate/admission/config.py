@@ -154,6 +154,24 @@ class PrefillGateConfig(_Strict):
         return self
 
 
+class HeadroomConfig(_Strict):
+    """When the engines have room for more work (headroom.py; flag ``fail_open``).
+
+    Every eligible engine must have a fresh report with at most ``max_waiting`` requests
+    in its queue and KV use below ``kv_usage_below``, and at most
+    ``max_unreported_requests`` dispatched to it since that report (a report is up to a
+    scrape interval old: this bounds what failing open may send before the next one)."""
+
+    max_waiting: float = Field(default=0.0, ge=0, description="engine queue length still idle")
+    kv_usage_below: float = Field(default=0.8, gt=0, le=1, description="KV use still idle")
+    max_unreported_requests: int = Field(
+        default=8, ge=0, description="dispatches since the engine's last report"
+    )
+    episode_gap_s: float = Field(
+        default=30.0, gt=0, description="a hold this long after the last starts a new episode"
+    )
+
+
 class DegradeConfig(_Strict):
     # priority class → how over-quota work of that class is degraded
     modes: dict[str, DegradeMode] = {}  # e.g. {"batch": "async"}
@@ -172,6 +190,7 @@ class AdmissionConfig(_Strict):
     dynamic_quota: DynamicQuotaConfig = Field(default_factory=DynamicQuotaConfig)
     degrade: DegradeConfig = Field(default_factory=DegradeConfig)
     prefill_gate: PrefillGateConfig = Field(default_factory=PrefillGateConfig)
+    headroom: HeadroomConfig = Field(default_factory=HeadroomConfig)
     failure_mode: FailureMode = "fail-open-local"
     local_share: float = Field(default=0.5, gt=0, le=1, description="of total when store is down")
     lease_ttl_s: float = Field(default=10.0, gt=0)

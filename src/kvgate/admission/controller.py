@@ -56,6 +56,7 @@ class AdmissionController(CoreDriver):
         capacity: Callable[[], int | None] | None = None,
         local_store: Store | None = None,
         forecast: Callable[[float], float | None] | None = None,
+        headroom: Callable[[], bool] | None = None,
     ) -> None:
         self.config = config
         self.store: Store = with_counters(store)  # a plain KVStore: counters stay in process
@@ -74,6 +75,7 @@ class AdmissionController(CoreDriver):
             metrics=self.metrics,
             engine_usage=engine_usage,
             local_store=local_store,
+            headroom=headroom,
         )
         self.dynamic = DynamicQuota(self.core, self.store, capacity, forecast=forecast)
         self._tasks: list[asyncio.Task[Any]] = []

@@ -21,6 +21,7 @@ from typing import Any
 from kvgate.admission.config import AdmissionConfig
 from kvgate.admission.decisions import DecisionCounter
 from kvgate.admission.first_tokens import FirstTokenWindow
+from kvgate.admission.headroom import HeadroomGuard
 from kvgate.admission.ledger import Ledger
 from kvgate.admission.metrics import AdmissionMetrics
 from kvgate.admission.overcommit import Overcommit
@@ -38,6 +39,8 @@ from kvgate.types import AdmissionKind, AdmissionRequest, AdmissionResult, Rejec
 # reasons a fair-share limit (not a capacity limit) refused the reservation: degraded
 # work (low priority, economy pool) may go past the share, never past a cap or the total
 SHARE_LIMITS = frozenset({"tenant_share"})
+# reasons the quota (not a tenant's hard cap) refused: counted when the engines had room
+QUOTA_LIMITS = frozenset({"total", "elastic_pool", "tenant_share"})
 
 
 @dataclass(slots=True)
@@ -65,7 +68,10 @@ class AdmissionCore:
         metrics: AdmissionMetrics | None = None,
         engine_usage: Callable[[], int | None] | None = None,
         local_store: Store | None = None,
+        headroom: Callable[[], bool] | None = None,
     ) -> None:
+        """``headroom()``: every eligible engine reports room for more work
+        (``pipeline.engine_usage.engines_have_headroom``); None: never assumed."""
         self.config = config
         self.flags = flags or Flags()
         self.metrics = metrics or AdmissionMetrics()
@@ -88,7 +94,12 @@ class AdmissionCore:
         self.decisions = DecisionCounter(self.metrics)
         self.releases = ReleaseRate()
         self.first_tokens = FirstTokenWindow()
-        self.gate = PrefillGate(config.prefill_gate, self.metrics)
+        self.headroom = HeadroomGuard(config.headroom, headroom, self.flags, self.metrics)
+        self.gate = PrefillGate(
+            config.prefill_gate,
+            self.metrics,
+            may_shrink=lambda: self.headroom.may_shrink("prefill_gate"),
+        )
         self.refused = 0  # requests queued or rejected: demand the total did not meet
         self._draining = False
         self._drain_again = False
@@ -180,12 +191,12 @@ class AdmissionCore:
             return self._reject(req.tenant, RejectReason.TOO_LARGE, output_bound=bound)
         # a request that fits in what its tenant is guaranteed must be admitted at once
         claim = self.link.usage.get(req.tenant, 0) + tokens <= quota.guaranteed
-        paced = self._paced(req)
+        paced = self._paced(req, now)
         if paced:
             self.metrics.prefill_held.labels(req.priority_class).inc()
         reason = "prefill_gate" if paced else "queue_backlog"
         if not paced and not self.queue.has_backlog(req.tenant):  # keep each tenant FIFO
-            outcome, local = await self._reserve(req.tenant, tokens)
+            outcome, local = await self._reserve_or_open(req.tenant, tokens, now)
             if outcome.ok:
                 if claim:
                     self.metrics.guarantee_claims.labels(req.tenant, "honoured").inc()
@@ -245,11 +256,23 @@ class AdmissionCore:
             ticket=item,
         )
 
-    def _paced(self, req: AdmissionRequest) -> bool:
+    async def _reserve_or_open(
+        self, tenant: str, tokens: int, now: float
+    ) -> tuple[ReserveOutcome, bool]:
+        """Reserve; a quota refusal while the engines have room is counted (the dynamic
+        quota loop answers it by raising the total)."""
+        outcome, local = await self._reserve(tenant, tokens)
+        if not outcome.ok and outcome.reason in QUOTA_LIMITS:
+            self.headroom.note_hold(f"quota_{outcome.reason}", now)
+        return outcome, local
+
+    def _paced(self, req: AdmissionRequest, now: float) -> bool:
         """The prefill gate holds this request back (it waits in the queue)."""
         if not self.flags.enabled("prefill_gate"):
             return False
-        return not self.gate.allows(req.prompt_tokens, req.priority_class)
+        if self.gate.allows(req.prompt_tokens, req.priority_class):
+            return False
+        return not self.headroom.overrule("prefill_gate", now)
 
     def _degrade_mode(self, req: AdmissionRequest) -> str | None:
         if not self.flags.enabled("degrade"):
@@ -283,9 +306,9 @@ class AdmissionCore:
 
     async def _drain_once(self, now: float) -> list[QueuedRequest]:
         async def attempt(item: QueuedRequest) -> bool:
-            if self._paced(item.request):
+            if self._paced(item.request, now):
                 return False
-            outcome, local = await self._reserve(item.tenant, item.tokens)
+            outcome, local = await self._reserve_or_open(item.tenant, item.tokens, now)
             if not outcome.ok:
                 return False
             if not self.queue.contains(item):  # expired or cancelled meanwhile: undo

@@ -10,7 +10,9 @@ is a check: a *breach* (latency far over target since the last check) cuts the t
 once, and a raise is applied in parts (*ramp*) over the settle window so its admission
 burst is spread. Bounds: the floor (guarantees, one mean request, ``min_total``) and the
 ceiling (the absolute hard cap; the tighten watermark of measured KV capacity ×
-overcommit). An optional forecast (``forecast(t)`` → runtime tokens needed at time t,
+overcommit, in reservation units: scaled by the measured reserved-per-engine-token
+ratio, ``sharing.py``). Neither a breach nor a tighten (the ceiling aside) shrinks the
+total while every eligible engine reports headroom (``admission.headroom``). An optional forecast (``forecast(t)`` → runtime tokens needed at time t,
 or None) pre-scales: the total is raised to it ahead of time (flag ``forecast``).
 """
 
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 
 from kvgate.admission.core import AdmissionCore
 from kvgate.admission.quota_rule import Observation, QuotaRule
+from kvgate.admission.sharing import SharingRatio
 from kvgate.store import Store
 from kvgate.store.base import StoreUnavailable
 from kvgate.store.keys import ROOT, TOTAL_QUOTA, WATERMARK
@@ -76,10 +79,19 @@ class DynamicQuota:
         self._next_period: float | None = None
         self._ramp: tuple[int, int] | None = None  # (target, increment per check)
         self._refused_seen = 0
+        self.sharing = SharingRatio()
+        self._holds_seen = 0
+
+    def _measure_sharing(self) -> None:
+        ledger = self.core.ledger
+        self.sharing.observe(
+            ledger.reserved_total, ledger.held_total - ledger.queued_prefill, ledger.engine_tokens()
+        )
 
     async def tick(self, now: float) -> QuotaStep | None:
         """Called every ``check_s``: a full step once a period has passed, else a breach
-        check (which only ever cuts). The first tick starts the first period."""
+                check (which cuts, or raises when the quota held work back while the engines had
+        headroom). The first tick starts the first period."""
         interval = self.core.config.dynamic_quota.interval_s
         if self._next_period is None:
             self._next_period = now + interval
@@ -95,6 +107,7 @@ class DynamicQuota:
         the last check are far over target (a period is too long to wait while an engine
         queue builds), else continue a raise in progress."""
         dq = self.core.config.dynamic_quota
+        self._measure_sharing()
         since, self._checked = max(self._checked, self._since), now
         ttft, n = self.core.first_tokens.quantile(
             dq.ttft_class,
@@ -110,7 +123,12 @@ class DynamicQuota:
         capacity = self.capacity() if self.capacity is not None else None
         _, ceiling = self._bounds(capacity)
         over = ceiling is not None and self.core.total > ceiling
-        if not breach and self._ramp is None and not over:
+        if breach and not self.core.headroom.may_shrink("dynamic_quota"):
+            breach = False
+        # the quota held work back while every engine had room: raise now, not next period
+        holds = self.core.headroom.quota_holds
+        starved, self._holds_seen = holds > self._holds_seen, holds
+        if not breach and self._ramp is None and not over and not starved:
             return None
         try:
             if not await self._lead():
@@ -125,8 +143,14 @@ class DynamicQuota:
             total, direction = self.rule.breach(previous, ratio).total, "breach"
             # what was admitted under the old total is not the new total's to answer for
             self._since = now
-        elif self._ramp is None:
+        elif over:
+            self._ramp = None
             total, direction = self.core.total, "tighten"  # above the ceiling: clamp
+        elif starved:
+            self._ramp = None
+            total, direction = int(previous * dq.max_step), "headroom"
+        elif self._ramp is None:
+            return None
         else:
             target, increment = self._ramp
             total, direction = min(target, previous + increment), "ramp"
@@ -188,7 +212,8 @@ class DynamicQuota:
         demand = self.core.refused > self._refused_seen or len(self.core.queue) > 0
         self._refused_seen, self._since = self.core.refused, now
         held = self.core.ledger.held_total - self.core.ledger.queued_prefill
-        kv = max(held, self.core.ledger.engine_tokens() or 0)  # admitted work only
+        held_kv = int(held / self.sharing.held_per_engine_token)  # shared prefixes once
+        kv = max(held_kv, self.core.ledger.engine_tokens() or 0)  # admitted work only
         kv_ratio = kv / capacity if capacity else None
         return Observation(self.core.total, kv_ratio, ttft_ratio, demand), ttft
 
@@ -204,7 +229,9 @@ class DynamicQuota:
         if capacity:
             knee = self.calibrated is not None and self.calibrated()
             fraction = 1.0 if knee else cfg.dynamic_quota.tighten_above
-            kv_cap = round(fraction * capacity * cfg.overcommit)
+            kv_cap = round(
+                fraction * capacity * cfg.overcommit * self.sharing.reserved_per_engine_token
+            )
             ceiling = kv_cap if ceiling is None else min(ceiling, kv_cap)
         return floor, None if ceiling is None else max(floor, ceiling)
 
@@ -213,6 +240,7 @@ class DynamicQuota:
         previous = self.core.total
         watermark = self.core.ledger.watermark()
         capacity = self.capacity() if self.capacity is not None else None
+        self._measure_sharing()
         try:
             leader = await self._lead()
             if not leader:
@@ -231,6 +259,8 @@ class DynamicQuota:
             wanted = self.forecast(now + self.core.config.dynamic_quota.interval_s)
             if wanted is not None and wanted > total:
                 total, direction = int(wanted), "forecast"
+        if total < previous and not self.core.headroom.may_shrink("dynamic_quota"):
+            total = previous  # the ceiling below still applies: it is what the engines hold
         floor, ceiling = self._bounds(capacity)
         total = max(floor, total if ceiling is None else min(total, ceiling))
         self._ramp = None

@@ -120,4 +120,17 @@ class AdmissionMetrics:
             ["priority_class"],
             registry=r,
         )
+        self.held_with_headroom = Counter(
+            "kvgate_admission_held_with_headroom",
+            "Admissions a limit would have held back while every eligible engine had "
+            "headroom (admitted instead: fail-open), by the limit",
+            ["reason"],
+            registry=r,
+        )
+        self.shrink_skipped = Counter(
+            "kvgate_admission_shrink_skipped_with_headroom",
+            "Limit reductions not made because every eligible engine had headroom, by limit",
+            ["limit"],
+            registry=r,
+        )
         self.store_up.set(1)

@@ -11,13 +11,15 @@ The limit follows the engines' measured prefill speed (Little's law, pending = r
 latency): every ``adapt_s`` it is scaled by ``target_s`` over the admission → first
 token percentile seen since the last step (pending requests count their age), by at
 most ``max_growth`` either way, and only grown while the gate held work back (an idle
-gate says nothing about the engines). Classes not listed in ``priority_classes`` may fill only
+gate says nothing about the engines), and not shrunk while ``may_shrink()`` says no (the
+engines report headroom: admission.headroom). Classes not listed in ``priority_classes`` may fill only
 ``other_share`` of the limit, so interactive work finds room first.
 Non-streamed requests report no first token and pass the gate without being counted.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvgate.admission.config import PrefillGateConfig
@@ -31,8 +33,14 @@ class _Pending:
 
 
 class PrefillGate:
-    def __init__(self, config: PrefillGateConfig, metrics: AdmissionMetrics) -> None:
+    def __init__(
+        self,
+        config: PrefillGateConfig,
+        metrics: AdmissionMetrics,
+        may_shrink: Callable[[], bool] | None = None,
+    ) -> None:
         self.config = config
+        self.may_shrink = may_shrink
         self.metrics = metrics
         self.limit = float(config.initial_tokens)
         self.pending_tokens = 0
@@ -95,6 +103,8 @@ class PrefillGate:
         observed = seen[min(len(seen) - 1, int(cfg.percentile / 100 * len(seen)))]
         factor = cfg.target_s / max(observed, 1e-6)
         if factor >= 1.0 and not held:
+            return
+        if factor < 1.0 and self.may_shrink is not None and not self.may_shrink():
             return
         factor = min(cfg.max_growth, max(1.0 / cfg.max_growth, factor))
         self.limit = min(float(cfg.max_tokens), max(float(cfg.min_tokens), self.limit * factor))

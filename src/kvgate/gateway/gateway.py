@@ -27,7 +27,12 @@ from kvgate.gateway.proxy import Proxy
 from kvgate.gateway.registry import NodeRegistry
 from kvgate.gateway.scraper import Scraper, discover_model
 from kvgate.kv_events.hub import KvEventHub
-from kvgate.pipeline import RequestPipeline, engine_kv_capacity, engine_kv_tokens
+from kvgate.pipeline import (
+    RequestPipeline,
+    engine_kv_capacity,
+    engine_kv_tokens,
+    headroom_signal,
+)
 from kvgate.routing.node_view import NodeView
 from kvgate.routing.router import Router
 from kvgate.store import open_store
@@ -75,6 +80,7 @@ class Gateway:
             gateway_id=config.gateway_id,
             engine_usage=lambda: engine_kv_tokens(self.nodes),
             capacity=lambda: engine_kv_capacity(self.nodes),
+            headroom=headroom_signal(self.nodes, config.admission.headroom),
         )
         self.pipeline = RequestPipeline(
             router=self.router,

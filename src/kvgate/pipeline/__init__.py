@@ -1,7 +1,7 @@
 """The request pipeline: one object, two drivers (the gateway's proxy and the simulator)."""
 
 from kvgate.pipeline.config import PipelineConfig, RetryBudgetConfig
-from kvgate.pipeline.engine_usage import engine_kv_capacity, engine_kv_tokens
+from kvgate.pipeline.engine_usage import engine_kv_capacity, engine_kv_tokens, headroom_signal
 from kvgate.pipeline.models import UnknownModel, resolve_model
 from kvgate.pipeline.pipeline import (
     Admission,
@@ -25,6 +25,7 @@ __all__ = [
     "UnknownModel",
     "engine_kv_capacity",
     "engine_kv_tokens",
+    "headroom_signal",
     "resolve_model",
     "retryable_status",
 ]

@@ -1,4 +1,5 @@
-"""Engine-reported KV figures from the node view, for admission (watermark, capacity).
+"""Engine-reported figures from the node view, for admission (watermark, capacity,
+headroom).
 
 Both drivers pass these to admission, so the watermark is ``max(ledger, engine KV)`` in
 the simulator exactly as in the gateway.
@@ -6,7 +7,13 @@ the simulator exactly as in the gateway.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from kvgate.admission.config import HeadroomConfig
 from kvgate.routing.node_view import NodeView
+from kvgate.types import NodeState
+
+_ROUTABLE = (NodeState.HEALTHY, NodeState.BACKOFF, NodeState.REREGISTER)
 
 
 def _fresh_kv(nodes: NodeView) -> list[tuple[float, int]]:
@@ -31,3 +38,34 @@ def engine_kv_capacity(nodes: NodeView) -> int | None:
     """Measured cluster KV capacity (tokens), for the dynamic quota loop."""
     kv = _fresh_kv(nodes)
     return sum(cap for _, cap in kv) if kv else None
+
+
+def engines_have_headroom(
+    nodes: NodeView, *, max_waiting: float, kv_usage_below: float, max_unreported: int
+) -> bool:
+    """Every node the router may pick has room: a fresh report with at most
+    ``max_waiting`` queued requests and KV use below ``kv_usage_below``, and at most
+    ``max_unreported`` requests dispatched to it since that report. False when no node
+    is eligible."""
+    eligible = [e for e in nodes.list() if e.state in _ROUTABLE]
+    if not eligible:
+        return False
+    for entry in eligible:
+        report = entry.report
+        if report is None or report.stale or entry.state is NodeState.BACKOFF:
+            return False
+        if report.waiting > max_waiting or report.kv_usage >= kv_usage_below:
+            return False
+        if len(entry.unreported) > max_unreported:
+            return False
+    return True
+
+
+def headroom_signal(nodes: NodeView, config: HeadroomConfig) -> Callable[[], bool]:
+    """``engines_have_headroom`` with the admission config's thresholds."""
+    return lambda: engines_have_headroom(
+        nodes,
+        max_waiting=config.max_waiting,
+        kv_usage_below=config.kv_usage_below,
+        max_unreported=config.max_unreported_requests,
+    )

@@ -52,6 +52,7 @@ from kvgate.pipeline import (
     UnknownModel,
     engine_kv_capacity,
     engine_kv_tokens,
+    headroom_signal,
     resolve_model,
 )
 from kvgate.pipeline.outcomes import admission_summary, reject_status
@@ -269,6 +270,7 @@ class ClusterSim:
             gateway_id=f"sim-{self.policy}",
             engine_usage=lambda: engine_kv_tokens(self.nodes),
             local_store=open_store("memory://", clock=self.clock),
+            headroom=headroom_signal(self.nodes, cfg.headroom),
         )
 
     def _priority_min(self, tenant: str) -> int:

@@ -1,8 +1,10 @@
 """Layering checks over the source tree: the shared layering rules, no import cycles, and
 no concrete store outside kvgate.store.
 
-The import graph is read statically (ast), including imports inside functions and
-``TYPE_CHECKING`` blocks: a lazy import that only hides a cycle still counts.
+The import graph is read statically (ast) and counts every import, as the shared
+``arch_check.py --cycles`` does: inside functions, under ``TYPE_CHECKING``, and a
+submodule's import of its own package. A lazy or typing-only import that only hides a
+cycle still counts.
 """
 
 from __future__ import annotations
@@ -56,19 +58,15 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[tuple[int, str]]:
-    """(line, kvgate module) for every import in the file, resolved to a module."""
+    """(line, kvgate module) for every import in the file, resolved to a module.
+
+    Every import counts, as in ``arch_check.py --cycles``: module level, function-local
+    and under ``if TYPE_CHECKING:``; ``from pkg import name`` imports ``pkg`` itself
+    (its ``__init__``) and the submodule ``pkg.name`` when there is one.
+    """
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     tree = ast.parse(path.read_text(), str(path))
-    typing_only = {  # imports under ``if TYPE_CHECKING:`` never run
-        id(n)
-        for block in ast.walk(tree)
-        if isinstance(block, ast.If) and ast.unparse(block.test).endswith("TYPE_CHECKING")
-        for stmt in block.body
-        for n in ast.walk(stmt)
-    }
     for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
@@ -77,10 +75,7 @@ def _imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[tuple[in
             if node.level:
                 up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 base = ".".join(up + ([base] if base else []))
-            # ``from pkg import sub`` imports the submodule when there is one
-            targets = [
-                f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names
-            ]
+            targets = [base, *(f"{base}.{a.name}" for a in node.names)]
         for target in targets:
             while target and target not in known:  # an attribute: its module
                 target = target.rpartition(".")[0]
@@ -134,16 +129,47 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def _is_package_edge(a: str, b: str) -> bool:
-    # a package __init__ re-exporting its submodules, and a submodule importing a sibling
-    # through the package, are one unit: Python initialises the package first
-    return a.startswith(b + ".") or b.startswith(a + ".")
-
-
 def test_the_import_graph_has_no_cycles() -> None:
-    graph = _graph()
-    pruned = {a: {b for b in bs if not _is_package_edge(a, b)} for a, bs in graph.items()}
-    assert _cycles(pruned) == []
+    # every edge counts, a package's __init__ and its submodules' included: a submodule
+    # that imports its own package back, while the package imports it, is a cycle
+    assert _cycles(_graph()) == []
+
+
+def test_the_shared_tool_finds_no_cycles_either() -> None:
+    tool = _arch_check()
+    if tool is None:
+        pytest.skip("shared/tools/arch_check.py is not beside this checkout")
+    done = subprocess.run(
+        [sys.executable, str(tool), "--cycles", str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.stdout.strip() == "ok", done.stdout + done.stderr
+
+
+def test_every_kind_of_import_is_an_edge(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from pkg.a import A\n")
+    (pkg / "b.py").write_text("")
+    (pkg / "c.py").write_text("")
+    source = pkg / "a.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from pkg import helper\n"  # an attribute of the package: the package itself
+        "if TYPE_CHECKING:\n"
+        "    from pkg.b import B\n"
+        "def f() -> None:\n"
+        "    from . import c\n"
+    )
+    known = {
+        "pkg": pkg / "__init__.py",
+        "pkg.a": source,
+        "pkg.b": pkg / "b.py",
+        "pkg.c": pkg / "c.py",
+    }
+    assert {t for _, t in _imports("pkg.a", source, known)} == {"pkg", "pkg.b", "pkg.c"}
 
 
 def test_the_cycle_finder_finds_cycles() -> None:

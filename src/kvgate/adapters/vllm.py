@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from kvgate.adapters import base
+from kvgate.adapters.base import (
+    GENERATION_TOKENS,
+    PREEMPTIONS,
+    PREFIX_HITS,
+    PREFIX_QUERIES,
+    PROMPT_TOKENS,
+    REQUESTS,
+    EngineAdapter,
+    Observation,
+    finite,
+    require,
+)
 from kvgate.adapters.prom import MetricSet
 
 PROCESS_START = "process_start_time_seconds"
@@ -30,29 +41,29 @@ def kv_capacity_from_cache_config(metrics: MetricSet, name: str) -> int | None:
 def counters(metrics: MetricSet, names: dict[str, str]) -> dict[str, float]:
     out: dict[str, float] = {}
     for key, name in names.items():
-        value = base.finite(metrics.total(name))
+        value = finite(metrics.total(name))
         if value is not None:
             out[key] = value
     return out
 
 
-class VllmAdapter(base.EngineAdapter):
+class VllmAdapter(EngineAdapter):
     engine_type = "vllm"
     prefix = "vllm:"
 
-    def observe(self, metrics: MetricSet) -> base.Observation:
+    def observe(self, metrics: MetricSet) -> Observation:
         p = self.prefix
         names = {
-            base.PROMPT_TOKENS: f"{p}prompt_tokens_total",
-            base.GENERATION_TOKENS: f"{p}generation_tokens_total",
-            base.PREFIX_QUERIES: f"{p}prefix_cache_queries_total",
-            base.PREFIX_HITS: f"{p}prefix_cache_hits_total",
-            base.PREEMPTIONS: f"{p}num_preemptions_total",
-            base.REQUESTS: f"{p}request_success_total",
+            PROMPT_TOKENS: f"{p}prompt_tokens_total",
+            GENERATION_TOKENS: f"{p}generation_tokens_total",
+            PREFIX_QUERIES: f"{p}prefix_cache_queries_total",
+            PREFIX_HITS: f"{p}prefix_cache_hits_total",
+            PREEMPTIONS: f"{p}num_preemptions_total",
+            REQUESTS: f"{p}request_success_total",
         }
-        return base.Observation(
-            running=base.require(metrics, f"{p}num_requests_running"),
-            waiting=base.require(metrics, f"{p}num_requests_waiting"),
+        return Observation(
+            running=require(metrics, f"{p}num_requests_running"),
+            waiting=require(metrics, f"{p}num_requests_waiting"),
             # V1 renamed gpu_cache_usage_perc to kv_cache_usage_perc.
             kv_usage=metrics.first_mean((f"{p}kv_cache_usage_perc", f"{p}gpu_cache_usage_perc")),
             kv_capacity_tokens=kv_capacity_from_cache_config(metrics, f"{p}cache_config_info"),
@@ -60,6 +71,6 @@ class VllmAdapter(base.EngineAdapter):
             prefix_hit_rate=None
             if metrics.has(f"{p}prefix_cache_queries_total")
             else metrics.mean(f"{p}gpu_prefix_cache_hit_rate"),
-            process_start_time=base.finite(metrics.maximum(PROCESS_START)),
+            process_start_time=finite(metrics.maximum(PROCESS_START)),
             counters=counters(metrics, names),
         )

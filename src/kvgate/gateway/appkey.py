@@ -1,21 +1,16 @@
-"""The key under which an aiohttp app holds its ``Gateway`` (``app[GATEWAY]``), and the
-cleanup context that starts and stops it with the app.
-
-A module of its own so that modules the ``Gateway`` itself imports (errors, proxy) can
-reach the gateway of a request without importing it back.
+"""The cleanup context that starts and stops an app's gateway with the app, and (re-exported
+from ``kvgate.gateway.gateway``, where it is defined beside the class it names) the key
+under which an aiohttp app holds its ``Gateway`` (``app[GATEWAY]``).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from aiohttp import web
 
-if TYPE_CHECKING:
-    from kvgate.gateway.gateway import Gateway
-
-GATEWAY: web.AppKey[Gateway] = web.AppKey("kvgate_gateway")
+from kvgate.gateway.gateway import GATEWAY
 
 
 class _Startable(Protocol):
@@ -33,3 +28,6 @@ def start_with_app(app: web.Application, gateway: _Startable) -> None:
         await gateway.stop()
 
     app.cleanup_ctx.append(lifecycle)
+
+
+__all__ = ["GATEWAY", "start_with_app"]

@@ -36,7 +36,7 @@ from aiohttp.tcp_helpers import tcp_nodelay
 from aiohttp.web_urldispatcher import UrlMappingMatchInfo
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from kvgate.gateway.appkey import GATEWAY
+from kvgate.gateway.gateway import GATEWAY
 
 log = logging.getLogger("kvgate.gateway")
 

@@ -1,7 +1,8 @@
 """The gateway: wires config, store, routing, admission, the request pipeline, proxy and scraper.
 
-Handlers reach the one ``Gateway`` of an app through ``app[GATEWAY]``; this module imports
-no handler, so handlers, admin and logs import it without a circle.
+Handlers reach the one ``Gateway`` of an app through ``app[GATEWAY]``, the key defined
+here beside the class it names; this module imports no handler and no app module, so
+handlers, admin, logs and the front import it without a circle.
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from kvgate.admission.controller import AdmissionController
 from kvgate.admission.tenants import TenantDirectory
 from kvgate.clock import Clock, SystemClock
 from kvgate.flags import Flags
-from kvgate.gateway.appkey import GATEWAY
 from kvgate.gateway.config import GatewayConfig
 from kvgate.gateway.jobs import JobStore
 from kvgate.gateway.metrics import GatewayMetrics
@@ -262,5 +263,7 @@ class Gateway:
         if self._owns_store:
             await self.store.close()
 
+
+GATEWAY: web.AppKey[Gateway] = web.AppKey("kvgate_gateway")
 
 __all__ = ["GATEWAY", "Gateway"]

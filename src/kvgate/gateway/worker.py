@@ -29,10 +29,11 @@ from kvgate.admission.tenants import TenantDirectory
 from kvgate.clock import SystemClock
 from kvgate.flags import Flags
 from kvgate.gateway import handlers
-from kvgate.gateway.appkey import GATEWAY, start_with_app
+from kvgate.gateway.appkey import start_with_app
 from kvgate.gateway.config import GatewayConfig, parse_config
 from kvgate.gateway.errors import error_middleware, guard_edges
 from kvgate.gateway.front import serve_app
+from kvgate.gateway.gateway import GATEWAY
 from kvgate.gateway.ipc import DecisionClient
 from kvgate.gateway.logs import access_middleware
 from kvgate.gateway.metrics import GatewayMetrics

@@ -22,9 +22,9 @@ from typing import Any
 
 from aiohttp import web
 
-from kvgate.gateway.appkey import GATEWAY
 from kvgate.gateway.decisions import DecisionOwner, merge_gateway_metrics
 from kvgate.gateway.errors import UNEXPECTED_ERRORS
+from kvgate.gateway.gateway import GATEWAY
 from kvgate.gateway.worker import reuseport_socket
 
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kvgate.routing.filters import FILTER_NAMES
+from kvgate.routing.known_policies import known_policy_names
+
+# the node filters routing/filters.py defines, in their default order (its ``FILTERS``);
+# here, not there, because the filters read this configuration
+FILTER_NAMES = ("state", "pool", "model", "backoff_size")
 
 
 class RouteKeyConfig(BaseModel):
@@ -85,9 +89,7 @@ class RoutingConfig(BaseModel):
     @field_validator("policy")
     @classmethod
     def _known_policy(cls, value: str) -> str:
-        from kvgate.routing.policies import policy_names
-
-        names = policy_names()
+        names = known_policy_names()
         if value not in names:
             raise ValueError(f"policy must be one of {', '.join(sorted(names))}; got {value!r}")
         return value

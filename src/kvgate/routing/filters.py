@@ -17,13 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from kvgate.routing.config import FILTER_NAMES, RoutingConfig
+from kvgate.routing.node_view import EligibleSet, NodeEntry, NodeView
 from kvgate.types import NodeState, RouteRequest
-
-if TYPE_CHECKING:
-    from kvgate.routing.config import RoutingConfig
-    from kvgate.routing.node_view import NodeEntry, NodeView
 
 _ROUTABLE = frozenset({NodeState.HEALTHY, NodeState.BACKOFF, NodeState.REREGISTER})
 
@@ -61,42 +58,14 @@ def backoff_size_filter(entry: NodeEntry, f: FilterInput) -> bool:
     return not (f.big and entry.base_state == NodeState.BACKOFF)
 
 
-Filter = Callable[["NodeEntry", FilterInput], bool]
+Filter = Callable[[NodeEntry, FilterInput], bool]
+# keyed by config.FILTER_NAMES, in that order (the configuration validates names there)
 FILTERS: dict[str, Filter] = {
     "state": state_filter,
     "pool": pool_filter,
     "model": model_filter,
     "backoff_size": backoff_size_filter,
 }
-FILTER_NAMES = tuple(FILTERS)
-
-
-@dataclass(slots=True)
-class EligibleSet:
-    """The filters' verdict for one kind of request (pool, model, size), before exclusions.
-
-    Kept in ``NodeView.eligibility`` and reused until the node view changes what a
-    filter reads (it then clears them all), the configuration is swapped, the clock goes
-    back, or the oldest fresh report ages past ``freshness_s``; ``loads`` follows every
-    load change (``NodeView._recompute_load``). A decision so costs a copy, not a pass
-    over every node.
-    """
-
-    config: RoutingConfig
-    computed_at: float
-    oldest_fresh: float  # the oldest report time that passed the freshness test
-    entries: list[NodeEntry]
-    loads: dict[str, float]  # the entries' load scores, same order
-    dropped: dict[str, int]
-    dropped_by: dict[str, str]  # node id → the filter that removed it
-
-    def valid(self, config: RoutingConfig, now: float) -> bool:
-        return (
-            self.config is config
-            and now >= self.computed_at
-            and self.oldest_fresh >= now - config.freshness_s  # the state filter's own test
-        )
-
 
 _MAX_KINDS = 16  # distinct (pool, model, size) request kinds kept
 
@@ -162,3 +131,17 @@ def eligible_nodes(
         if removed:
             return [e for e in entries if e.spec.node_id in loads], loads, dropped
     return list(entries), loads, dropped
+
+
+__all__ = [
+    "FILTERS",
+    "FILTER_NAMES",
+    "EligibleSet",
+    "Filter",
+    "FilterInput",
+    "backoff_size_filter",
+    "eligible_nodes",
+    "model_filter",
+    "pool_filter",
+    "state_filter",
+]

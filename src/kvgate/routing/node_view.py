@@ -19,7 +19,6 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import TYPE_CHECKING
 
 from kvgate.clock import Clock
 from kvgate.report_window import ReportWindow
@@ -27,9 +26,6 @@ from kvgate.routing.cold_boost import cold_boost
 from kvgate.routing.config import RoutingConfig
 from kvgate.routing.load_score import load_score
 from kvgate.types import NodeReport, NodeSpec, NodeState
-
-if TYPE_CHECKING:
-    from kvgate.routing.filters import EligibleSet
 
 _node_id = attrgetter("spec.node_id")
 _OVERLAID = frozenset({NodeState.HEALTHY, NodeState.REREGISTER})
@@ -94,6 +90,34 @@ class NodeEntry:
     @property
     def cold_boost(self) -> float:
         return self.view.cold_boost(self.spec.node_id)
+
+
+@dataclass(slots=True)
+class EligibleSet:
+    """The filters' verdict (routing/filters.py) for one kind of request (pool, model,
+    size), before exclusions.
+
+    Kept in ``NodeView.eligibility`` and reused until the node view changes what a
+    filter reads (it then clears them all), the configuration is swapped, the clock goes
+    back, or the oldest fresh report ages past ``freshness_s``; ``loads`` follows every
+    load change (``NodeView._recompute_load``). A decision so costs a copy, not a pass
+    over every node.
+    """
+
+    config: RoutingConfig
+    computed_at: float
+    oldest_fresh: float  # the oldest report time that passed the freshness test
+    entries: list[NodeEntry]
+    loads: dict[str, float]  # the entries' load scores, same order
+    dropped: dict[str, int]
+    dropped_by: dict[str, str]  # node id → the filter that removed it
+
+    def valid(self, config: RoutingConfig, now: float) -> bool:
+        return (
+            self.config is config
+            and now >= self.computed_at
+            and self.oldest_fresh >= now - config.freshness_s  # the state filter's own test
+        )
 
 
 class NodeView:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from kvgate.store import Store
-from kvgate.store.base import KVStore, WatchEvent
+from kvgate.store.base import KVStore, Store, WatchEvent
 from kvgate.store.forwarded import ForwardedCounters
 from kvgate.store.health import StoreHealth
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kvgate.store import ReserveLimits, ReserveOutcome, Store
+from kvgate.store.base import ReserveLimits, ReserveOutcome, Store
 
 
 class ForwardedCounters(Store):

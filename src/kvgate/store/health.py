@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kvgate.store.base import StoreUnavailable
+from kvgate.store.errors import StoreUnavailable
 
 log = logging.getLogger("kvgate.store")
 

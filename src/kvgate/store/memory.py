@@ -10,8 +10,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Mapping
 
 from kvgate.clock import Clock, SystemClock
-from kvgate.store import ReserveLimits, ReserveOutcome, Store, check_reserve
-from kvgate.store.base import WatchEvent
+from kvgate.store.base import ReserveLimits, ReserveOutcome, Store, WatchEvent, check_reserve
 
 
 class MemoryStore(Store):

@@ -35,8 +35,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from kvgate.store import ReserveLimits, ReserveOutcome, Store
-from kvgate.store.base import StoreUnavailable, WatchEvent
+from kvgate.store.base import ReserveLimits, ReserveOutcome, Store, StoreUnavailable, WatchEvent
 from kvgate.store.health import StoreHealth
 
 T = TypeVar("T")

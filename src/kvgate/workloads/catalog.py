@@ -8,7 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 from kvgate.tokens import synthetic_text
-from kvgate.workloads import apps
+from kvgate.workloads.apps import DEFAULTS as APPS_DEFAULTS
+from kvgate.workloads.apps import DESCRIPTION as APPS_DESCRIPTION
+from kvgate.workloads.apps import generate_apps
 from kvgate.workloads.base import WorkItem, Workload
 from kvgate.workloads.daily import ENTRY as DAILY
 
@@ -313,7 +315,7 @@ WORKLOADS: dict[str, tuple[Generator, dict[str, Any], str]] = {
         },
         "Zipf-skewed prefix popularity",
     ),
-    "apps": (apps.generate_apps, apps.DEFAULTS, apps.DESCRIPTION),
+    "apps": (generate_apps, APPS_DEFAULTS, APPS_DESCRIPTION),
 }
 WORKLOADS["daily"] = DAILY
 WORKLOAD_NAMES = tuple(WORKLOADS)

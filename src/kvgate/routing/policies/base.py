@@ -29,6 +29,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from kvgate.flags import Flags
+from kvgate.routing.known_policies import add_policy_name
 from kvgate.routing.placement import Placements
 from kvgate.routing.score_table import LoadScores
 from kvgate.tokens import BLOCK_SIZE
@@ -57,6 +58,7 @@ _REGISTRY: dict[str, PolicyFactory] = {}
 
 def register_policy(name: str, factory: PolicyFactory) -> None:
     _REGISTRY[name] = factory
+    add_policy_name(name)  # RoutingConfig(policy=name) validates from now on
 
 
 def create_policy(name: str) -> Policy:

@@ -164,6 +164,20 @@ def test_the_gate_does_not_shrink_while_the_engines_have_room(engines_idle: bool
         assert core.gate.limit == 500 and skipped == 0  # halved (max_growth 2)
 
 
+def test_a_shrunk_gate_goes_back_to_its_initial_limit_once_the_engines_are_idle() -> None:
+    room = Room(False)
+    core, clock = core_with(room)
+    slow_first_tokens(core, clock)
+    assert core.gate.limit == 500
+    room.value = True
+    clock.advance(1.0)
+    results = [run_now(core.try_admit(streamed(100), clock.now())) for _ in range(2)]
+    clock.advance(0.1)  # quick first tokens: nothing held, so no growth by latency
+    for r in results:
+        run_now(core.progress(r, 1, clock.now()))
+    assert core.gate.limit == 1000
+
+
 def test_one_warning_per_episode(caplog: pytest.LogCaptureFixture) -> None:
     room = Room(True)
     core, clock = core_with(room, headroom={"episode_gap_s": 10.0})

@@ -98,7 +98,7 @@ class AdmissionCore:
         self.gate = PrefillGate(
             config.prefill_gate,
             self.metrics,
-            may_shrink=lambda: self.headroom.may_shrink("prefill_gate"),
+            engines_idle=self.headroom.engines_have_room,
         )
         self.refused = 0  # requests queued or rejected: demand the total did not meet
         self._draining = False

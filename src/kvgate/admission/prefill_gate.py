@@ -11,8 +11,9 @@ The limit follows the engines' measured prefill speed (Little's law, pending = r
 latency): every ``adapt_s`` it is scaled by ``target_s`` over the admission → first
 token percentile seen since the last step (pending requests count their age), by at
 most ``max_growth`` either way, and only grown while the gate held work back (an idle
-gate says nothing about the engines), and not shrunk while ``may_shrink()`` says no (the
-engines report headroom: admission.headroom). Classes not listed in ``priority_classes`` may fill only
+gate says nothing about the engines). While ``engines_idle()`` (every eligible engine
+reports headroom: admission.headroom) it does not shrink, and a limit that shrank below
+``initial_tokens`` goes back to it: whatever slowed the first tokens has passed. Classes not listed in ``priority_classes`` may fill only
 ``other_share`` of the limit, so interactive work finds room first.
 Non-streamed requests report no first token and pass the gate without being counted.
 """
@@ -37,10 +38,10 @@ class PrefillGate:
         self,
         config: PrefillGateConfig,
         metrics: AdmissionMetrics,
-        may_shrink: Callable[[], bool] | None = None,
+        engines_idle: Callable[[], bool] | None = None,
     ) -> None:
         self.config = config
-        self.may_shrink = may_shrink
+        self.engines_idle = engines_idle
         self.metrics = metrics
         self.limit = float(config.initial_tokens)
         self.pending_tokens = 0
@@ -102,9 +103,14 @@ class PrefillGate:
         seen.sort()
         observed = seen[min(len(seen) - 1, int(cfg.percentile / 100 * len(seen)))]
         factor = cfg.target_s / max(observed, 1e-6)
-        if factor >= 1.0 and not held:
-            return
-        if factor < 1.0 and self.may_shrink is not None and not self.may_shrink():
+        if self.engines_idle is not None and self.engines_idle():
+            if factor < 1.0:
+                self.metrics.shrink_skipped.labels("prefill_gate").inc()
+                factor = 1.0
+            if self.limit < cfg.initial_tokens:
+                self.limit = float(cfg.initial_tokens)
+                self.metrics.prefill_limit.set(self.limit)
+        if factor == 1.0 or (factor > 1.0 and not held):
             return
         factor = min(cfg.max_growth, max(1.0 / cfg.max_growth, factor))
         self.limit = min(float(cfg.max_tokens), max(float(cfg.min_tokens), self.limit * factor))

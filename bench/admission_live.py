@@ -82,6 +82,7 @@ KNEE_FRACTIONS = (0.25, 0.5, 0.75, 1.0, 1.25)  # of the decode-capacity estimate
 MAX_KNEE_POINTS = 8
 COUNTERS = ("vllm:prompt_tokens", "vllm:prefix_cache_hits", "vllm:generation_tokens")
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+GATEWAY_GAUGES = ("kvgate_quota_total_tokens", "kvgate_admission_prefill_limit_tokens")
 
 
 # -- workload and processes ------------------------------------------------------------
@@ -156,13 +157,14 @@ def metric_sums(text: str, names: tuple[str, ...]) -> dict[str, float]:
     return out
 
 
-def by_label(text: str, name: str, label: str) -> dict[str, float]:
+def by_label(text: str, name: str, *labels: str) -> dict[str, float]:
+    """A counter's ``_total`` samples summed by the given labels (joined with ``/``)."""
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         if family.name == name:
             for sample in family.samples:
                 if sample.name == name + "_total":
-                    key = sample.labels.get(label, "")
+                    key = "/".join(sample.labels.get(label, "") for label in labels)
                     out[key] = out.get(key, 0.0) + sample.value
     return out
 
@@ -174,10 +176,13 @@ async def fetch(session: aiohttp.ClientSession, url: str) -> str:
 
 class EngineSampler:
     """Engine /metrics once a second while the row issues load: counters at the start
-    and at the end of the issue window, gauges averaged over it."""
+    and at the end of the issue window, gauges averaged over it; and the gateway's
+    quota total and prefill-gate limit at each tick."""
 
-    def __init__(self, urls: list[str], window_s: float) -> None:
+    def __init__(self, urls: list[str], gateway: str, window_s: float) -> None:
         self.urls = urls
+        self.gateway = gateway
+        self.limits: list[dict[str, float]] = []
         self.window_s = window_s
         self.first: dict[str, float] | None = None
         self.last: dict[str, float] | None = None
@@ -204,6 +209,9 @@ class EngineSampler:
                     continue
                 self.last, self.span_s = snap, time.monotonic() - t0
                 self.gauges.append({g: snap[g] for g in GAUGES})
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                    text = await fetch(session, self.gateway)
+                    self.limits.append(metric_sums(text, GATEWAY_GAUGES))
 
     def summary(self, engines: int, prefill_tokens_per_s: float) -> dict[str, Any]:
         if self.first is None or self.last is None or self.span_s <= 0:
@@ -223,6 +231,16 @@ class EngineSampler:
             "mean_waiting": mean["vllm:num_requests_waiting"],
             "mean_kv_usage": mean["vllm:kv_cache_usage_perc"] / engines,
         }
+
+    def gateway_summary(self) -> dict[str, Any]:
+        """Quota total and prefill limit over the issue window: first, min, last."""
+        out: dict[str, Any] = {}
+        for name in GATEWAY_GAUGES:
+            values = [x[name] for x in self.limits]
+            if values:
+                short = name.removeprefix("kvgate_").removesuffix("_tokens")
+                out[short] = {"first": values[0], "min": min(values), "last": values[-1]}
+        return out
 
 
 # -- one row ---------------------------------------------------------------------------
@@ -264,6 +282,9 @@ def summarize_row(records: list[RequestRecord], window_s: float) -> dict[str, An
     for c in CLASSES:
         ttfts = [r.ttft for r in served if r.priority_class == c and r.ttft is not None]
         out[f"{c}_issued"] = sum(1 for r in records if r.priority_class == c)
+        out[f"{c}_http_429"] = sum(
+            1 for r in records if r.priority_class == c and r.http_status == 429
+        )
         out[f"{c}_ttft_p50_s"] = percentile(ttfts, 50)
         out[f"{c}_ttft_p99_s"] = percentile(ttfts, 99)
     out["cache_hit_rate"] = (
@@ -277,7 +298,7 @@ def summarize_row(records: list[RequestRecord], window_s: float) -> dict[str, An
 async def drive(
     target: str, urls: list[str], wl: Workload, args: argparse.Namespace, title: str
 ) -> tuple[Any, EngineSampler]:
-    sampler = EngineSampler(urls, args.duration)
+    sampler = EngineSampler(urls, target, args.duration)
     sampling = asyncio.create_task(sampler.run())
     try:
         result = await bench_once(bench_args(target, args), wl, title=title)
@@ -319,6 +340,7 @@ def run_row(name: str, decode_ms: float, rate: float, args: argparse.Namespace) 
         held = by_label(text, "kvgate_admission_held_with_headroom", "reason")
         skipped = by_label(text, "kvgate_admission_shrink_skipped_with_headroom", "limit")
         gate_held = by_label(text, "kvgate_admission_prefill_held", "priority_class")
+        decisions = by_label(text, "kvgate_admission_decisions", "tenant", "decision", "reason")
     finally:
         if gateway is not None:
             gateway.stop()
@@ -334,6 +356,8 @@ def run_row(name: str, decode_ms: float, rate: float, args: argparse.Namespace) 
         shrink_skipped_with_headroom=sum(skipped.values()),
         shrink_skipped_by_limit=skipped,
         prefill_gate_held=sum(gate_held.values()),
+        admission_decisions=decisions,
+        gateway_limits=sampler.gateway_summary(),
         engine=sampler.summary(args.engines, args.prefill_tokens_per_s),
         gateway_cpu_cores=(cpu1[0] - cpu0[0]) / wall,
         engines_cpu_cores=(cpu1[1] - cpu0[1]) / wall,
@@ -424,28 +448,34 @@ def fmt_x(v: float | None) -> str:
 
 def table(rows: list[dict[str, Any]], saturation: dict[float, float]) -> str:
     lines = [
-        "| decode ms | load | offered rps | row | served | 429 | 408 | other | goodput rps "
+        "| decode ms | load | offered rps | row | served | 429 (int/batch) | 408 | other | goodput rps "
         "| goodput vs off | int TTFT p50 / p99 (s) | int p99 vs off | batch TTFT p50 / p99 (s) "
         "| batch p99 vs off | prefill util | slot util | engine waiting | gateway CPU "
-        "| held w/ headroom | shrink skipped |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| quota total first / min (k) | held w/ headroom | shrink skipped |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         e = r["engine"] or {}
         lines.append(
             f"| {r['decode_ms']:g} | {r['load']:g}× | {r['offered_rps']:.1f} | {r['row']} "
-            f"| {r['served']} | {r['http_429']} | {r['http_408']} | {r['other']} "
+            f"| {r['served']} | {r['http_429']} ({r['interactive_http_429']}/{r['batch_http_429']}) "
+            f"| {r['http_408']} | {r['other']} "
             f"| {r['goodput_rps']:.2f} | {fmt_x(r.get('goodput_vs_off'))} "
             f"| {fmt_s(r['interactive_ttft_p50_s'])} / {fmt_s(r['interactive_ttft_p99_s'])} "
             f"| {fmt_x(r.get('interactive_ttft_p99_vs_off'))} "
             f"| {fmt_s(r['batch_ttft_p50_s'])} / {fmt_s(r['batch_ttft_p99_s'])} "
             f"| {fmt_x(r.get('batch_ttft_p99_vs_off'))} "
             f"| {e.get('prefill_util', 0):.0%} | {e.get('slot_util', 0):.0%} "
-            f"| {e.get('mean_waiting', 0):.1f} | {r['gateway_cpu_cores']:.2f} "
+            f"| {e.get('mean_waiting', 0):.1f} | {r['gateway_cpu_cores']:.2f} | {quota(r)} "
             f"| {r['held_with_headroom']:g} | {r['shrink_skipped_with_headroom']:g} |"
         )
     sat = ", ".join(f"decode {d:g} ms: {s:.1f} rps" for d, s in saturation.items())
     return f"saturation (admission off, knee of goodput): {sat}\n\n" + "\n".join(lines)
+
+
+def quota(r: dict[str, Any]) -> str:
+    q = (r.get("gateway_limits") or {}).get("quota_total")
+    return "–" if not q else f"{q['first'] / 1000:.0f} / {q['min'] / 1000:.0f}"
 
 
 def knee_table(knees: dict[float, list[dict[str, Any]]]) -> str:

@@ -26,6 +26,7 @@ HEAVY_MODULES = frozenset(
         "tests/demo/test_demo_cli.py",
         "tests/dashboard/test_dashboard_browser.py",
         "tests/admission/test_never_hurts_e2e.py",
+        "tests/real_engine/test_admission_never_hurts.py",
     }
 )
 

@@ -1,0 +1,87 @@
+"""The default admission never hurts below saturation, against real llama.cpp servers:
+the same open-loop stream through ``kvgate serve`` with its defaults and with
+``--flag admission=off``, fresh servers for each, 60 s each at about half of what two
+one-thread servers sustain (a 300-token shared system prompt, a 30-token question and
+16 output tokens take ~0.75 s of a slot; 2 servers × 2 slots ≈ 5 requests/s).
+
+A p99 over ~90 requests on two shared cores moves by tens of milliseconds between
+identical runs, so the bound is 1.1× admission-off's p99 plus 100 ms; a gate that holds
+work back costs whole requests' worth of seconds and still fails it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import pytest
+
+from kvgate.loadgen.runner import run_bench
+from kvgate.procs import GatewayProcess, wait_until_routable
+from kvgate.procs.llama import LlamaServer
+from kvgate.report.records import RequestRecord
+from kvgate.workloads import generate_workload
+from tests.admission.test_never_hurts_e2e import metric_sum, p99
+
+pytestmark = pytest.mark.real_engine
+
+DURATION_S = 60.0
+RATE = 1.5
+NOISE_S = 0.1
+
+
+def run_row(
+    extra_args: list[str],
+    llama_servers: Callable[..., list[LlamaServer]],
+    gateway_factory: Callable[..., GatewayProcess],
+) -> tuple[list[RequestRecord], float]:
+    servers = llama_servers(2)
+    gw = gateway_factory(
+        backends=[s.url for s in servers],
+        extra_args=["--engine-type", "llamacpp", "--scrape-interval", "1", *extra_args],
+    )
+    try:
+        wait_until_routable(gw)
+        time.sleep(1.5)  # a scrape round: fresh reports of both servers
+        workload = generate_workload(
+            "shared-prefix",
+            seed=3,
+            requests=int(RATE * DURATION_S),
+            rate=RATE,
+            groups=2,
+            prompts_per_group=100,
+            system_len=300,
+            question_len=30,
+            output_len=16,
+        )
+        result = asyncio.run(
+            run_bench(
+                gw.url,
+                workload.items,
+                duration_s=DURATION_S,
+                request_timeout_s=60.0,
+                drain_timeout_s=60.0,
+            )
+        )
+        return result.records, metric_sum(gw.url, "kvgate_admission_held_with_headroom_total")
+    finally:
+        gw.stop()
+        for s in servers:
+            s.stop()
+
+
+@pytest.mark.timeout(420)
+def test_default_admission_in_front_of_llama_cpp_costs_nothing(
+    llama_servers: Callable[..., list[LlamaServer]],
+    gateway_factory: Callable[..., GatewayProcess],
+) -> None:
+    on, held = run_row([], llama_servers, gateway_factory)
+    off, _ = run_row(["--flag", "admission=off"], llama_servers, gateway_factory)
+    assert len(on) == len(off) >= 0.9 * RATE * DURATION_S
+    refused = [(r.http_status, r.admission) for r in on if r.http_status != 200]
+    assert not refused, refused[:5]
+    ttft_on = p99([r.ttft for r in on if r.ttft is not None])
+    ttft_off = p99([r.ttft for r in off if r.ttft is not None])
+    assert ttft_on <= 1.1 * ttft_off + NOISE_S, (ttft_on, ttft_off)
+    assert held == 0

@@ -82,6 +82,10 @@ class RouteRequest:
     # when configured; None: the engine hashes with kvgate's text model (block_hashes).
     engine_block_hashes: list[int] | None = None
     engine_prompt_tokens: int | None = None
+    # what the request asks of the engine (kvgate.routing.endpoints): "generate" (chat,
+    # completions: cache-affine routing) or a non-generation kind such as "embeddings"
+    # (least load, served only by nodes whose engine type serves it)
+    endpoint: str = "generate"
 
     @property
     def total_tokens_estimate(self) -> int:

@@ -30,9 +30,11 @@ from kvgate.gateway.errors import ApiError
 from kvgate.gateway.gateway import GATEWAY, Gateway
 from kvgate.gateway.logs import request_log
 from kvgate.gateway.proxy import Call
+from kvgate.gateway.surface import SURFACE_KINDS, input_tokens, surface_route
 from kvgate.pipeline import Flow, UnknownModel, resolve_model
 from kvgate.prompts import PromptError
 from kvgate.routing import build_route_request
+from kvgate.routing.endpoints import serves
 from kvgate.types import AdmissionKind, AdmissionRequest, AdmissionResult
 
 TENANT_HEADER = "X-KVGate-Tenant"
@@ -47,6 +49,9 @@ _IDS = random.Random()
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
+    for surface in SURFACE_KINDS:  # embeddings, rerank, score, tokenize, detokenize
+        for path in surface.paths:
+            app.router.add_post(path, _surface_handler(surface.kind, path))
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model_id:.+}", get_model)
     app.router.add_get("/v1/jobs/{job_id}", get_job)
@@ -103,6 +108,14 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     return await generate(request, "completions")
+
+
+def _surface_handler(kind: str, path: str) -> Any:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await serve(request, kind, path)
+
+    handler.__name__ = f"surface_{kind}"
+    return handler
 
 
 # -- request parsing --------------------------------------------------------------------
@@ -182,8 +195,28 @@ def _known_headers(request_id: str, flow: Flow | None) -> dict[str, str]:
     return headers
 
 
+def _check_served(gateway: Gateway, kind: str, path: str, model: str) -> None:
+    """404 naming the endpoint when no configured node of the model serves it."""
+    for spec in gateway.specs.values():
+        if spec.model in (model, "default") and serves(spec.engine_type, kind):
+            return
+    raise ApiError(
+        404,
+        f"no node serves {path} for the model {model!r} "
+        "(engine types serving it: vllm, sim, and for embeddings/rerank sglang, llamacpp)",
+        code="endpoint_not_served",
+    )
+
+
 # -- the request path -------------------------------------------------------------------
 async def generate(request: web.Request, endpoint: str) -> web.StreamResponse:
+    """Chat or completions (``endpoint``) through the pipeline."""
+    return await serve(request, endpoint, ENDPOINT_PATHS[endpoint])
+
+
+async def serve(request: web.Request, endpoint: str, path: str) -> web.StreamResponse:
+    """One request of kind ``endpoint`` (chat, completions, embeddings, rerank, …)
+    through the pipeline; ``path`` is where the engine is sent it."""
     gateway = request.app[GATEWAY]
     started = time.perf_counter()
     request_id = request.headers.get("X-Request-Id") or f"req-{_IDS.getrandbits(64):016x}"
@@ -191,7 +224,7 @@ async def generate(request: web.Request, endpoint: str) -> web.StreamResponse:
     entry.request_id = request_id
     flows: list[Flow] = []  # the request's flow, once it has one (for error headers)
     try:
-        return await _generate(gateway, request, endpoint, request_id, started, entry, flows)
+        return await _generate(gateway, request, endpoint, path, request_id, started, entry, flows)
     except ApiError as exc:
         exc.headers = {**_known_headers(request_id, flows[0] if flows else None), **exc.headers}
         raise
@@ -201,13 +234,19 @@ async def _generate(
     gateway: Gateway,
     request: web.Request,
     endpoint: str,
+    path: str,
     request_id: str,
     started: float,
     entry: Any,
     flows: list[Flow],
 ) -> web.StreamResponse:
     body, raw = await read_json_object(request, gateway.config.server.max_body_bytes)
-    validate_generation(body, endpoint)
+    generation = endpoint in ENDPOINT_PATHS
+    surface_tokens = 0
+    if generation:
+        validate_generation(body, endpoint)
+    else:
+        surface_tokens = input_tokens(endpoint, body)
     tenant = identify_tenant(gateway, request)
     entry.tenant = tenant.name
     try:  # the key decides the class and priority range; a header only picks within it
@@ -216,27 +255,41 @@ async def _generate(
     except NotAllowed as exc:
         raise not_allowed_error(exc) from None
     model = _model_for(gateway, body)
-    try:
-        route = build_route_request(
-            body,
-            endpoint=endpoint,
-            headers=request.headers,
+    if not generation:
+        _check_served(gateway, endpoint, path, model)
+        route = surface_route(
+            endpoint,
             request_id=request_id,
+            model=model,
+            prompt_tokens=surface_tokens,
             tenant=tenant.name,
             priority=priority,
-            config=gateway.config.routing.route_key,
-            model=model,
-            engine_hashes=gateway.kv_events.engine_hashes if gateway.kv_events.hashers else None,
         )
-    except PromptError as exc:
-        raise _prompt_error(exc) from None
+    else:
+        try:
+            route = build_route_request(
+                body,
+                endpoint=endpoint,
+                headers=request.headers,
+                request_id=request_id,
+                tenant=tenant.name,
+                priority=priority,
+                config=gateway.config.routing.route_key,
+                model=model,
+                engine_hashes=(
+                    gateway.kv_events.engine_hashes if gateway.kv_events.hashers else None
+                ),
+            )
+        except PromptError as exc:
+            raise _prompt_error(exc) from None
     raw_body: bytes | None = raw
     if body.get("model") != model:  # "default" (or none) names the served model upstream
         body = {**body, "model": model}
         raw_body = None
 
     wants_async = "respond-async" in request.headers.get("Prefer", "").lower()
-    client_bound = body.get("max_completion_tokens") or body.get("max_tokens")
+    # a non-generation request holds its input only: no decode is reserved
+    client_bound = body.get("max_completion_tokens") or body.get("max_tokens") if generation else 0
     flow = gateway.pipeline.start(
         route,
         AdmissionRequest(
@@ -247,7 +300,7 @@ async def _generate(
             max_tokens=client_bound,
             wants_async=wants_async,
             model=model,
-            stream=body.get("stream") is True,
+            stream=generation and body.get("stream") is True,
         ),
         priority_min=tenant.priority_min,
         wants_async=wants_async,
@@ -264,7 +317,7 @@ async def _generate(
 
     call = Call(
         request_id=request_id,
-        path=ENDPOINT_PATHS[endpoint],
+        path=path,
         endpoint=endpoint,
         body=body,
         flow=flow,

@@ -8,7 +8,7 @@ from kvgate.routing.known_policies import known_policy_names
 
 # the node filters routing/filters.py defines, in their default order (its ``FILTERS``);
 # here, not there, because the filters read this configuration
-FILTER_NAMES = ("state", "pool", "model", "backoff_size")
+FILTER_NAMES = ("state", "pool", "model", "backoff_size", "endpoint")
 
 
 class RouteKeyConfig(BaseModel):

@@ -10,7 +10,9 @@ under that filter's name, so ``NoNodeAvailable`` says why nothing was eligible.
 - ``pool``: the request's node pool (the degrade path's economy pool), if it names one;
 - ``model``: the node serves the requested model (``default`` matches any);
 - ``backoff_size``: a node in backoff takes only requests under
-  ``backoff_token_threshold`` tokens.
+  ``backoff_token_threshold`` tokens;
+- ``endpoint``: the node's engine type serves the request's endpoint kind
+  (``kvgate.routing.endpoints``: embeddings, rerank, tokenize … are not served by all).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from kvgate.routing.config import FILTER_NAMES, RoutingConfig
+from kvgate.routing.endpoints import GENERATE, serves
 from kvgate.routing.node_view import EligibleSet, NodeEntry, NodeView
 from kvgate.types import NodeState, RouteRequest
 
@@ -58,6 +61,11 @@ def backoff_size_filter(entry: NodeEntry, f: FilterInput) -> bool:
     return not (f.big and entry.base_state == NodeState.BACKOFF)
 
 
+def endpoint_filter(entry: NodeEntry, f: FilterInput) -> bool:
+    endpoint = f.req.endpoint
+    return endpoint == GENERATE or serves(entry.spec.engine_type, endpoint)
+
+
 Filter = Callable[[NodeEntry, FilterInput], bool]
 # keyed by config.FILTER_NAMES, in that order (the configuration validates names there)
 FILTERS: dict[str, Filter] = {
@@ -65,9 +73,10 @@ FILTERS: dict[str, Filter] = {
     "pool": pool_filter,
     "model": model_filter,
     "backoff_size": backoff_size_filter,
+    "endpoint": endpoint_filter,
 }
 
-_MAX_KINDS = 16  # distinct (pool, model, size) request kinds kept
+_MAX_KINDS = 16  # distinct (pool, model, size, endpoint) request kinds kept
 
 
 def _evaluate(nodes: NodeView, f: FilterInput, now: float) -> EligibleSet:
@@ -107,7 +116,7 @@ def eligible_nodes(
     under ``excluded`` whatever the filters say of it.
     """
     big = req.total_tokens_estimate > config.backoff_token_threshold
-    kind = (req.pool, req.model, big)
+    kind = (req.pool, req.model, big, req.endpoint)
     memo = nodes.eligibility.get(kind)
     if memo is None or not memo.valid(config, now):
         memo = _evaluate(nodes, FilterInput(req, config, now - config.freshness_s, big), now)
@@ -141,6 +150,7 @@ __all__ = [
     "FilterInput",
     "backoff_size_filter",
     "eligible_nodes",
+    "endpoint_filter",
     "model_filter",
     "pool_filter",
     "state_filter",

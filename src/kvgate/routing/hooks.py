@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvgate.flags import Flags
+from kvgate.routing.endpoints import cache_affine
 from kvgate.routing.feedback import HitFeedback
 from kvgate.routing.metrics import RoutingMetrics
 from kvgate.routing.placement import Placements
@@ -36,6 +37,8 @@ class ResponseHooks:
     def on_dispatch(self, req: RouteRequest, decision: RouteDecision, now: float) -> None:
         uncached = req.prompt_tokens - decision.expected_cached_tokens
         self.queue.on_dispatch(decision.node_id, req.request_id, uncached, now)
+        if not cache_affine(req.endpoint):
+            return  # no prefix to place (embeddings, rerank, …)
         self.index.record(decision.node_id, req.block_hashes, now)
         self.placements.on_dispatch(req.route_key, decision.node_id, now)
         self._count_evictions()
@@ -59,6 +62,8 @@ class ResponseHooks:
         """The node answered; ``actual_cached_tokens`` is the engine's figure, if it gave one."""
         node_id = decision.node_id
         self.queue.on_prefilled(node_id, req.request_id, now)
+        if not cache_affine(req.endpoint):
+            return  # nothing was predicted, nothing is cached
         metrics = self.metrics
         if actual_cached_tokens is not None:
             child = metrics.child

@@ -19,6 +19,7 @@ from kvgate.flags import Flags
 from kvgate.routing.cache_signal import CacheSignal
 from kvgate.routing.config import RoutingConfig
 from kvgate.routing.consistent_hash import HashRing
+from kvgate.routing.endpoints import cache_affine
 from kvgate.routing.feedback import HitFeedback
 from kvgate.routing.filters import eligible_nodes
 from kvgate.routing.hooks import ResponseHooks
@@ -68,6 +69,8 @@ class Router:
             demote_on_full_miss=config.feedback_demote_on_full_miss,
         )
         self.policy: Policy = create_policy(config.policy)
+        # non-generation endpoints (embeddings, rerank, …): no prefix cache to follow
+        self.least_load: Policy = create_policy("least_load")
         self.decision_counts: Counter[tuple[str, str]] = Counter()
         self.placements = Placements(config.index_ttl_s)
         self.hooks = ResponseHooks(
@@ -92,9 +95,10 @@ class Router:
     # -- decisions ---------------------------------------------------------------------
     def route(self, req: RouteRequest, *, exclude: Collection[str] = ()) -> RouteDecision:
         now = self.clock.now()
+        policy = self.policy if cache_affine(req.endpoint) else self.least_load
         eligible, loads, dropped = eligible_nodes(self.nodes, req, self.config, now, exclude)
         if not eligible:
-            self.metrics.no_node.labels(self.policy.name).inc()
+            self.metrics.no_node.labels(policy.name).inc()
             why = ", ".join(f"{k}={v}" for k, v in dropped.items() if v) or "no nodes configured"
             raise NoNodeAvailable(f"no eligible node ({why})")
         ctx = RoutingContext(
@@ -111,7 +115,7 @@ class Router:
             eligible=eligible,
             loads=loads,
         )
-        decision = self.policy.choose(req, ctx)
+        decision = policy.choose(req, ctx)
         self.decision_counts[(decision.policy, decision.reason)] += 1
         self.metrics.child(self.metrics.decisions, decision.policy, decision.reason).inc()
         return decision

@@ -91,6 +91,9 @@ async def test_openai_sdk_embeddings_through_the_gateway(gw: GatewayProcess) -> 
     assert len(v0) == 64 and v0 != v1
     assert math.isclose(sum(x * x for x in v0), 1.0, rel_tol=1e-9)
     assert result.usage.prompt_tokens == 4
+    # an embedding reserves its input tokens and no decode
+    fields = dict(f.split("=", 1) for f in raw.headers["X-KVGate-Admission"].split("; ")[1:])
+    assert fields["reserved"] == "4", raw.headers["X-KVGate-Admission"]
     # deterministic across engines: the same vector whichever node answers
     again = await client.embeddings.create(model=MODEL, input="hello world")
     assert again.data[0].embedding == v0

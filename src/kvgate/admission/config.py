@@ -74,7 +74,10 @@ class OutputBoundConfig(_Strict):
 
     def bound(self, model: str, prompt_tokens: int, max_tokens: int | None) -> int:
         """Output tokens to reserve: the client's max_tokens, else the model's default,
-        clamped so prompt + output fit the model's context (at least 1)."""
+        clamped so prompt + output fit the model's context (at least 1). ``max_tokens``
+        0 is a request that decodes nothing (embeddings, rerank, tokenize): 0."""
+        if max_tokens == 0:
+            return 0
         out = (
             max_tokens
             if max_tokens is not None

@@ -104,9 +104,14 @@ def workload(rate: float, args: argparse.Namespace) -> Workload:
     )
 
 
+def slots_per_engine(args: argparse.Namespace) -> int:
+    """Sequence slots of one engine: ``--max-num-seqs``, else the profile's."""
+    return int(args.max_num_seqs or get_profile(PROFILE).max_num_seqs)
+
+
 def capacity_estimate(decode_ms: float, args: argparse.Namespace) -> float:
     """Requests/s the engines decode with every sequence slot busy (prefill ignored)."""
-    slots = get_profile(PROFILE).max_num_seqs
+    slots = slots_per_engine(args)
     step_s = decode_ms / 1000 * (1 + DECODE_BATCH_SLOWDOWN * (slots - 1))
     return args.engines * slots / (MEAN_OUTPUT * step_s)
 
@@ -119,7 +124,7 @@ def gateway_config(decode_ms: float, args: argparse.Namespace) -> dict[str, Any]
             "prefill_tokens_per_s": args.prefill_tokens_per_s,
             "prefill_step_s": decode_ms / 1000,
             "decode_seq_s": decode_ms / 1000 * DECODE_BATCH_SLOWDOWN,
-            "max_running": get_profile(PROFILE).max_num_seqs,
+            "max_running": slots_per_engine(args),
         },
         "admission": {
             "tenants": [
@@ -213,12 +218,12 @@ class EngineSampler:
                     text = await fetch(session, self.gateway)
                     self.limits.append(metric_sums(text, GATEWAY_GAUGES))
 
-    def summary(self, engines: int, prefill_tokens_per_s: float) -> dict[str, Any]:
+    def summary(self, engines: int, slots: int, prefill_tokens_per_s: float) -> dict[str, Any]:
         if self.first is None or self.last is None or self.span_s <= 0:
             return {}
         d = {c: self.last[c] - self.first[c] for c in COUNTERS}
         uncached = d["vllm:prompt_tokens"] - d["vllm:prefix_cache_hits"]
-        slots = engines * get_profile(PROFILE).max_num_seqs
+        slots = engines * slots
         mean = {g: sum(s[g] for s in self.gauges) / len(self.gauges) for g in GAUGES}
         return {
             "window_s": round(self.span_s, 2),
@@ -320,6 +325,7 @@ def run_row(name: str, decode_ms: float, rate: float, args: argparse.Namespace) 
         extra_args=[
             "--decode-ms-per-token", str(decode_ms),
             "--prefill-tokens-per-s", str(args.prefill_tokens_per_s),
+            "--max-num-seqs", str(slots_per_engine(args)),
         ],
     )  # fmt: skip
     gateway = None
@@ -358,7 +364,7 @@ def run_row(name: str, decode_ms: float, rate: float, args: argparse.Namespace) 
         prefill_gate_held=sum(gate_held.values()),
         admission_decisions=decisions,
         gateway_limits=sampler.gateway_summary(),
-        engine=sampler.summary(args.engines, args.prefill_tokens_per_s),
+        engine=sampler.summary(args.engines, slots_per_engine(args), args.prefill_tokens_per_s),
         gateway_cpu_cores=(cpu1[0] - cpu0[0]) / wall,
         engines_cpu_cores=(cpu1[1] - cpu0[1]) / wall,
         loadgen_cpu_cores=(cpu1[2] - cpu0[2]) / wall,
@@ -513,6 +519,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a tiny run (smoke check)")
     ap.add_argument("--engines", type=int, default=4)
     ap.add_argument("--kv-blocks", type=int, default=3750, help="per engine (16-token blocks)")
+    ap.add_argument(
+        "--max-num-seqs", type=int, default=None, help="sequence slots per engine (profile's: 8)"
+    )
     ap.add_argument("--prefill-tokens-per-s", type=float, default=20000.0)
     ap.add_argument("--batch-share", type=float, default=0.2, help="of requests, batch tenant")
     ap.add_argument("--batch-burst", type=int, default=4, help="batch requests per burst")
@@ -560,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "engines": args.engines,
         "profile": PROFILE,
-        "max_num_seqs": get_profile(PROFILE).max_num_seqs,
+        "max_num_seqs": slots_per_engine(args),
         "kv_blocks_per_engine": args.kv_blocks,
         "prefill_tokens_per_s": args.prefill_tokens_per_s,
         "workload": {

@@ -265,11 +265,18 @@ def test_the_sharing_ratio_is_measured_smoothed_and_bounded() -> None:
     assert ratio.held_per_engine_token >= 1.0
 
 
-def test_the_quota_ceiling_counts_a_shared_prefix_once() -> None:
-    core, _ = core_with(Room(False), total_quota=1_000_000)
+def test_the_quota_ceiling_counts_a_shared_prefix_once_while_first_tokens_are_fast() -> None:
+    core, clock = core_with(Room(False), total_quota=1_000_000, flags={"prefill_gate": False})
     dq = DynamicQuota(core, core.store, capacity=lambda: 100_000)
     _, ceiling = dq._bounds(100_000)
     assert ceiling == 80_000  # tighten_above x KV capacity
-    dq.sharing.observe(reserved=300_000, held=200_000, engine_tokens=60_000)
-    _, ceiling = dq._bounds(100_000)
-    assert ceiling == 400_000  # reservations are 5x what the engines hold
+    dq.sharing.observe(reserved=300_000, held=200_000, engine_tokens=50_000)
+    assert dq._bounds(100_000)[1] == 80_000  # latency not yet seen to meet its target
+    run_now(dq.tick(clock.now()))
+    results = [run_now(core.try_admit(streamed(100), clock.now())) for _ in range(20)]
+    clock.advance(0.1)
+    for r in results:
+        run_now(core.progress(r, 1, clock.now()))
+    clock.advance(5.0)
+    run_now(dq.check(clock.now()))  # fast first tokens: the engines are not the bottleneck
+    assert dq._bounds(100_000)[1] == 320_000  # the engines hold 1/4 of what is held

@@ -80,6 +80,9 @@ class DynamicQuota:
         self._ramp: tuple[int, int] | None = None  # (target, increment per check)
         self._refused_seen = 0
         self.sharing = SharingRatio()
+        # the watched class's first tokens met their target at the last check: the engines
+        # are not the bottleneck, so the ceiling may count a shared prefix once
+        self._latency_ok = False
         self._holds_seen = 0
 
     def _measure_sharing(self) -> None:
@@ -87,6 +90,9 @@ class DynamicQuota:
         self.sharing.observe(
             ledger.reserved_total, ledger.held_total - ledger.queued_prefill, ledger.engine_tokens()
         )
+        metrics = self.core.metrics.quota_sharing
+        metrics.labels("reserved").set(self.sharing.reserved_per_engine_token)
+        metrics.labels("held").set(self.sharing.held_per_engine_token)
 
     async def tick(self, now: float) -> QuotaStep | None:
         """Called every ``check_s``: a full step once a period has passed, else a breach
@@ -120,9 +126,14 @@ class DynamicQuota:
         if ttft is not None and n >= max(1, dq.min_samples // 2):
             ratio = ttft / (dq.ttft_target_fraction * dq.ttft_slo_s)
         breach = ratio is not None and ratio > dq.breach_ratio
+        if ratio is not None:
+            self._latency_ok = ratio <= 1.0
         capacity = self.capacity() if self.capacity is not None else None
         _, ceiling = self._bounds(capacity)
-        over = ceiling is not None and self.core.total > ceiling
+        # between periods the ceiling only clamps once the shared-prefix ratio is measured:
+        # before, a ceiling in reservation units is a guess that would cut a configured
+        # total before any work arrived
+        over = self.sharing.measured and ceiling is not None and self.core.total > ceiling
         if breach and not self.core.headroom.may_shrink("dynamic_quota"):
             breach = False
         # the quota held work back while every engine had room: raise now, not next period
@@ -217,6 +228,11 @@ class DynamicQuota:
         kv_ratio = kv / capacity if capacity else None
         return Observation(self.core.total, kv_ratio, ttft_ratio, demand), ttft
 
+    def _sharing_factor(self) -> float:
+        """Held runtime tokens per engine KV token, while first tokens meet their target;
+        1.0 (every reservation's prompt counted in full) while they do not."""
+        return self.sharing.held_per_engine_token if self._latency_ok else 1.0
+
     def _bounds(self, capacity: int | None = None) -> tuple[int, int | None]:
         """Floor: guarantees, one mean request, ``min_total``. Ceiling: the absolute hard
         cap and, with measured KV capacity, the tighten watermark of it (× overcommit):
@@ -229,9 +245,7 @@ class DynamicQuota:
         if capacity:
             knee = self.calibrated is not None and self.calibrated()
             fraction = 1.0 if knee else cfg.dynamic_quota.tighten_above
-            kv_cap = round(
-                fraction * capacity * cfg.overcommit * self.sharing.reserved_per_engine_token
-            )
+            kv_cap = round(fraction * capacity * cfg.overcommit * self._sharing_factor())
             ceiling = kv_cap if ceiling is None else min(ceiling, kv_cap)
         return floor, None if ceiling is None else max(floor, ceiling)
 

@@ -98,6 +98,13 @@ class AdmissionMetrics:
             "1 while this replica leads the dynamic quota loop, 0 while it follows",
             registry=r,
         )
+        self.quota_sharing = Gauge(
+            "kvgate_dynamic_quota_sharing_ratio",
+            "Reserved (kind=reserved) or held (kind=held) runtime tokens per engine-reported "
+            "KV token: how much a shared prefix is counted more than once (1.0 = not at all)",
+            ["kind"],
+            registry=r,
+        )
         self.guarantee_claims = Counter(
             "kvgate_admission_guarantee_claims",
             "Requests that fit their tenant's unused guarantee: honoured at once or refused",

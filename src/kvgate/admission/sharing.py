@@ -19,16 +19,16 @@ class SharingRatio:
     def __init__(self) -> None:
         self.reserved_per_engine_token = 1.0
         self.held_per_engine_token = 1.0
-        self._seen = False
+        self.measured = False  # True once both sides were compared
 
     def observe(self, reserved: int, held: int, engine_tokens: int | None) -> None:
         if engine_tokens is None or engine_tokens < MIN_ENGINE_TOKENS or reserved <= 0:
             return
         res = min(MAX_RATIO, max(1.0, reserved / engine_tokens))
         hld = min(MAX_RATIO, max(1.0, held / engine_tokens))
-        if not self._seen:
+        if not self.measured:
             self.reserved_per_engine_token, self.held_per_engine_token = res, hld
-            self._seen = True
+            self.measured = True
             return
         a = SMOOTHING
         self.reserved_per_engine_token += a * (res - self.reserved_per_engine_token)

@@ -45,17 +45,20 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}<|start|>assistant\n{%- endif %}"
 )
 
-WORDS = (
-    "the of and to in is you that it he was for on are as with his they at be this have from "
-    "or one had by word but not what all were we when your can said there use an each which "
-    "she do how their if will up other about out many then them these so some her would make "
-    "like him into time has look two more write go see number no way could people my than "
-    "first water been call who oil its now find long down day did get come made may part "
-    "system user assistant request token cache prefix block engine model prompt reply route "
-    "node gateway server latency queue memory batch decode prefill stream chat tool function "
-    "answer question document summary context history turn message search weather city price"
-).split()
-SYLLABLES = "ka ri to mo ne su la vi de po an el is or un ex al in er on at en es ra li".split()
+WORDS_TEXT = (
+    "the of and to in is you that it he was for on are as with his they at be this "
+    "have from or one had by word but not what all were we when your can said there "
+    "use an each which she do how their if will up other about out many then them "
+    "these so some her would make like him into time has look two more write go see "
+    "number no way could people my than first water been call who oil its now find "
+    "long down day did get come made may part system user assistant request token "
+    "cache prefix block engine model prompt reply route node gateway server latency "
+    "queue memory batch decode prefill stream chat tool function answer question "
+    "document summary context history turn message search weather city price"
+)
+WORDS = tuple(WORDS_TEXT.split())
+SYLLABLES_TEXT = "ka ri to mo ne su la vi de po an el is or un ex al in er on at en es ra li"
+SYLLABLES = tuple(SYLLABLES_TEXT.split())
 
 
 def corpus(seed: int = 0, lines: int = 40_000) -> Iterator[str]:
@@ -133,7 +136,12 @@ def build(out: Path) -> None:
         "chat_template": CHAT_TEMPLATE,
     }
     generation_config = {"bos_token_id": bos_id, "eos_token_id": eos_id}
-    special_tokens_map = {"bos_token": BOS, "eos_token": EOS, "unk_token": "<unk>", "pad_token": "<pad>"}
+    special_tokens_map = {
+        "bos_token": BOS,
+        "eos_token": EOS,
+        "unk_token": "<unk>",
+        "pad_token": "<pad>",
+    }
     for name, body in (
         ("config.json", config),
         ("tokenizer_config.json", tokenizer_config),

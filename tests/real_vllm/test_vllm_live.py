@@ -31,10 +31,12 @@ from kvgate.types import NodeReport
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.timeout(600)]
 
-WORDS = (
-    "the cache prefix block engine model prompt reply route node gateway server latency "
-    "queue memory batch decode prefill stream chat tool answer question document summary"
-).split()
+WORDS_TEXT = (
+    "the cache prefix block engine model prompt reply route node gateway server "
+    "latency queue memory batch decode prefill stream chat tool answer question "
+    "document summary"
+)
+WORDS = tuple(WORDS_TEXT.split())
 ADMIN_TOKEN = "real-vllm-admin"
 
 
@@ -94,7 +96,8 @@ async def test_scrape_reads_capacity_usage_and_prefix_counters(vllm_engine: Vllm
     prompt = text(seed=1, words=400)  # ~400 tokens: 12 full blocks of 32
     usages = [complete(vllm_engine.url, prompt) for _ in range(4)]
     assert cached(usages[0]) == 0
-    warm = (usages[0]["prompt_tokens"] - 1) // BLOCK_SIZE * BLOCK_SIZE  # the last token is recomputed
+    # Whole blocks are reused, short of the last prompt token (always recomputed).
+    warm = (usages[0]["prompt_tokens"] - 1) // BLOCK_SIZE * BLOCK_SIZE
     assert [cached(u) for u in usages[1:]] == [warm] * 3, usages
 
     second = await scrape(vllm_engine, previous=first)

@@ -12,6 +12,7 @@ child, and stop/kill signal the whole group so that no engine outlives its test.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -58,13 +59,15 @@ def find_model() -> Path | None:
         path = Path(os.environ["KVGATE_VLLM_MODEL"])
     else:
         path = cache_dir() / "models" / MODEL_DIR_NAME
-    return path if (path / "config.json").is_file() and (path / "tokenizer.json").is_file() else None
+    complete = (path / "config.json").is_file() and (path / "tokenizer.json").is_file()
+    return path if complete else None
 
 
 def missing_reason() -> str | None:
     """Why real-vLLM tests cannot run here, or None when they can."""
     if find_python() is None:
-        return f"vLLM venv not installed in {cache_dir() / 'vllm-venv'} (run scripts/install-vllm.sh)"
+        venv = cache_dir() / "vllm-venv"
+        return f"vLLM venv not installed in {venv} (run scripts/install-vllm.sh)"
     if find_model() is None:
         return "tiny vLLM model dir not built (run scripts/install-vllm.sh)"
     return None
@@ -90,10 +93,8 @@ class VllmServer(ProcessHandle):
         """SIGTERM the server (it stops its engine core), then SIGKILL what is left."""
         if self.process.poll() is None:
             self.process.terminate()
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                pass
         _signal_group(self.process, signal.SIGKILL)  # an engine core left behind
         if self.process.poll() is None:
             self.process.wait(timeout=10)
@@ -103,10 +104,8 @@ class VllmServer(ProcessHandle):
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)  # its own session: the group id is its pid
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def server_args(

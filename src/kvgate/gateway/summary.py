@@ -62,6 +62,8 @@ def node_rows(gateway: Gateway) -> list[dict[str, Any]]:
                     info.get("inflight_tokens", getattr(node, "inflight_tokens", None))
                 ),
                 "kv_usage": _num(getattr(report, "kv_usage", None)),
+                # engine-reported (vLLM: num_gpu_blocks x block_size of cache_config_info)
+                "kv_capacity_tokens": _num(getattr(node, "kv_capacity_tokens", None)),
                 "load": _num(info.get("load")),
                 "predicted_hit_rate": _num(info.get("predicted_hit_rate")),
                 "actual_hit_rate": _num(info.get("actual_hit_rate")),

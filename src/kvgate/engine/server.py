@@ -278,7 +278,9 @@ class EngineServer:
     # ---- HTTP -----------------------------------------------------------------------
 
     def make_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_echo_traceparent, _json_errors])
+        app = web.Application(
+            client_max_size=64 * 1024 * 1024, middlewares=[_echo_traceparent, _json_errors]
+        )
         app.router.add_get("/health", self.handle_health)
         app.router.add_get("/v1/models", self.handle_models)
         app.router.add_get("/metrics", self.handle_metrics)

@@ -5,8 +5,8 @@ but for the ``tracing:`` section (off; ``sampling_ratio: 0.1``; ``1.0``), export
 OTLP/HTTP sink in this process that answers 200. The same small non-streamed chat requests
 (no client ``traceparent``, so the ratio decides) go through each gateway in turn, round
 after round (the same run, interleaved, so drift hits every mode alike). Per mode: the
-median over rounds of gateway CPU µs per request (the
-exporter thread included; /proc/<pid>/task/*/schedstat, ns resolution) and of p50 latency.
+median over rounds of gateway CPU µs per request (every thread, the exporter's included:
+/proc/<pid>/task/*/schedstat, ns resolution) and of p50 latency.
 
     .venv/bin/python bench/tracing_overhead.py --requests 400 --rounds 5 --concurrency 16
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import sys
@@ -44,10 +45,8 @@ def cpu_seconds(pid: int) -> float:
     """CPU time of every thread of ``pid`` (schedstat: ns resolution, not clock ticks)."""
     total = 0
     for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
+        with contextlib.suppress(OSError, IndexError, ValueError):  # a thread that just ended
             total += int((task / "schedstat").read_text().split()[0])
-        except (OSError, IndexError, ValueError):  # a thread that just ended
-            pass
     return total / 1e9
 
 

@@ -90,6 +90,22 @@ def _stop_field(body: dict[str, Any]) -> list[str]:
     raise RequestError("stop must be a string or a list of strings", "stop")
 
 
+# The W3C trace context the engine was sent, echoed on a non-streamed answer (tests see
+# what a gateway propagated; a real vLLM would start its own span under it).
+TRACEPARENT_ECHO = "X-Engine-Traceparent"
+
+
+@web.middleware
+async def _echo_traceparent(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    response = await handler(request)
+    sent = request.headers.get("traceparent")
+    if sent is not None and not response.prepared:
+        response.headers[TRACEPARENT_ECHO] = sent
+    return response
+
+
 @web.middleware
 async def _json_errors(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -262,7 +278,9 @@ class EngineServer:
     # ---- HTTP -----------------------------------------------------------------------
 
     def make_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_json_errors])
+        app = web.Application(
+            client_max_size=64 * 1024 * 1024, middlewares=[_echo_traceparent, _json_errors]
+        )
         app.router.add_get("/health", self.handle_health)
         app.router.add_get("/v1/models", self.handle_models)
         app.router.add_get("/metrics", self.handle_metrics)

@@ -14,6 +14,7 @@ from kvgate.flags import unknown_flags, unknown_flags_message
 from kvgate.kv_events.config import EVENT_ENGINE_TYPES, KvEventsConfig, NodeEventsConfig
 from kvgate.pipeline.config import PipelineConfig
 from kvgate.routing.config import RoutingConfig
+from kvgate.tracing import TracingConfig
 from kvgate.types import NodeSpec
 from kvgate.yaml_file import read_yaml
 
@@ -115,6 +116,7 @@ class GatewayConfig(_Strict):
     scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)  # retry budget, outliers
     kv_events: KvEventsConfig = Field(default_factory=KvEventsConfig)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)  # OpenTelemetry, off by default
     store: str = "memory://"
     flags: dict[str, bool] = {}
     capacity_profiles: list[CapacityProfileConfig] = []

@@ -109,9 +109,14 @@ class DecisionOwner:
         request: AdmissionRequest,
         priority_min: int,
         wants_async: bool,
+        traceparent: str | None = None,
     ) -> Admitted:
         flow = self.pipeline.start(
-            route, request, priority_min=priority_min, wants_async=wants_async
+            route,
+            request,
+            priority_min=priority_min,
+            wants_async=wants_async,
+            traceparent=traceparent,
         )
         result = await self.pipeline.admit(flow)
         answer = Admitted(dataclasses.replace(result, ticket=None), flow.run_async)
@@ -133,7 +138,9 @@ class DecisionOwner:
             decision = self.pipeline.next_attempt(flow)
         except GiveUp as stop:
             return Attempt(None, give_up=give_up_fields(stop))
-        return Attempt(decision, self.gateway.node_url(decision.node_id))
+        return Attempt(
+            decision, self.gateway.node_url(decision.node_id), traceparent=flow.upstream_traceparent
+        )
 
     def job(self, worker: int, key: int, path: str, endpoint: str, body: dict[str, Any]) -> Any:
         """Run an admitted request as an async job here (the job releases its flow)."""

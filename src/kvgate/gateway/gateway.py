@@ -39,6 +39,7 @@ from kvgate.routing.router import Router
 from kvgate.store import open_store
 from kvgate.store.base import KVStore
 from kvgate.store.health import StoreHealthCollector
+from kvgate.tracing import Tracing, settings
 from kvgate.types import NodeSpec
 
 log = logging.getLogger("kvgate.gateway")
@@ -93,6 +94,9 @@ class Gateway:
             economy_pool=config.admission.degrade.economy_pool,
             registry=self.registry,
         )
+        # OpenTelemetry: checked here (a bad OTEL_* value is a config error), run by start
+        self._trace_settings = settings(config.tracing)
+        self.tracing: Tracing | None = None
         self.jobs = JobStore(self.clock, ttl_s=config.admission.async_job_ttl_s)
         self.sources: dict[str, str] = {}  # node id → "config" | "admin" | "registry"
         self.specs: dict[str, NodeSpec] = {}
@@ -162,6 +166,8 @@ class Gateway:
         return task
 
     async def start(self) -> None:
+        if self._trace_settings is not None:
+            self.tracing = self.pipeline.tracing = Tracing(self._trace_settings)
         server = self.config.server
         connector = aiohttp.TCPConnector(limit=server.upstream_pool_size, ttl_dns_cache=300)
         self.session = aiohttp.ClientSession(
@@ -262,6 +268,9 @@ class Gateway:
             await self.session.close()
         if self._owns_store:
             await self.store.close()
+        if self.tracing is not None:  # what is buffered is exported (a thread, off the loop)
+            await asyncio.to_thread(self.tracing.shutdown)
+            self.tracing = self.pipeline.tracing = None
 
 
 GATEWAY: web.AppKey[Gateway] = web.AppKey("kvgate_gateway")

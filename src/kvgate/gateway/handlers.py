@@ -10,10 +10,11 @@ that disconnects. Every answer, errors included, carries ``X-Request-Id`` and th
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -35,7 +36,11 @@ from kvgate.pipeline import Flow, UnknownModel, resolve_model
 from kvgate.prompts import PromptError
 from kvgate.routing import build_route_request
 from kvgate.routing.endpoints import serves
+from kvgate.tracing import Tracing, traceparent
 from kvgate.types import AdmissionKind, AdmissionRequest, AdmissionResult
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 TENANT_HEADER = "X-KVGate-Tenant"
 PRIORITY_HEADER = "X-KVGate-Priority"
@@ -223,11 +228,38 @@ async def serve(request: web.Request, endpoint: str, path: str) -> web.StreamRes
     entry = request_log(request)
     entry.request_id = request_id
     flows: list[Flow] = []  # the request's flow, once it has one (for error headers)
+    tracing: Tracing | None = getattr(gateway, "tracing", None)
+    if tracing is None:
+        try:
+            return await _generate(
+                gateway, request, endpoint, path, request_id, started, entry, flows, None
+            )
+        except ApiError as exc:
+            exc.headers = {**_known_headers(request_id, flows[0] if flows else None), **exc.headers}
+            raise
+    span = tracing.request_span(f"{request.method} {request.path}", request.headers, request_id)
+    status = 500
     try:
-        return await _generate(gateway, request, endpoint, path, request_id, started, entry, flows)
+        response = await _generate(
+            gateway, request, endpoint, path, request_id, started, entry, flows, span
+        )
+        status = response.status
+        return response
     except ApiError as exc:
+        status = exc.status
         exc.headers = {**_known_headers(request_id, flows[0] if flows else None), **exc.headers}
         raise
+    except asyncio.CancelledError:
+        status = 499  # the client left
+        raise
+    finally:
+        route = flows[0].route if flows else None
+        tracing.end_request(
+            span,
+            status,
+            route.tenant if route is not None else entry.tenant,
+            route.model if route is not None else None,
+        )
 
 
 async def _generate(
@@ -239,6 +271,7 @@ async def _generate(
     started: float,
     entry: Any,
     flows: list[Flow],
+    span: Span | None,
 ) -> web.StreamResponse:
     body, raw = await read_json_object(request, gateway.config.server.max_body_bytes)
     generation = endpoint in ENDPOINT_PATHS
@@ -304,7 +337,11 @@ async def _generate(
         ),
         priority_min=tenant.priority_min,
         wants_async=wants_async,
+        # the pipeline's stage spans hang under the request span (when it is sampled)
+        traceparent=traceparent(span) if span is not None and span.is_recording() else None,
     )
+    if span is not None:  # until an attempt's span replaces it (unsampled: this one)
+        flow.upstream_traceparent = traceparent(span)
     flows.append(flow)
     result = await gateway.pipeline.admit(flow)
     entry.admission = admitted = admission_header(result)

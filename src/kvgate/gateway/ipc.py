@@ -79,6 +79,7 @@ class Attempt:
     decision: RouteDecision | None
     url: str | None = None
     give_up: tuple[int, str, str, float | None] | None = None  # GiveUp's fields
+    traceparent: str | None = None  # the attempt's span (sent to the engine), when traced
 
     def raise_give_up(self) -> None:
         if self.give_up is not None:

@@ -272,7 +272,9 @@ class Proxy:
     ) -> tuple[Exchange, Head]:
         """Send the request and wait for the answer's head (first-byte rule), or fail."""
         host, port, prefix, tls = _address(base)
-        request = _request_bytes(host, port, prefix + call.path, call.request_id, data)
+        request = _request_bytes(
+            host, port, prefix + call.path, call.request_id, data, call.flow.upstream_traceparent
+        )
         for fresh in (False, True):
             exchange: Exchange | None = None
             try:
@@ -355,6 +357,7 @@ class Proxy:
         kind = _failure_status(head.status)
         if kind is not None:
             raise UpstreamFailure(kind, f"node answered HTTP {head.status}")
+        outcome.status = head.status
         if head.content_type == "application/json":
             try:
                 parsed = json.loads(payload)
@@ -411,6 +414,7 @@ class Proxy:
             kind = _failure_status(head.status)
             if kind is not None:
                 raise UpstreamFailure(kind, f"node answered HTTP {head.status}")
+            outcome.status = head.status
             if head.status != 200 or head.content_type != "text/event-stream":
                 payload = await self._read(exchange, deadline)
                 outcome.ok = head.status < 400
@@ -664,10 +668,13 @@ def _address(base: str) -> tuple[str, int, str, bool]:
     return url.hostname or "127.0.0.1", url.port or (443 if tls else 80), url.path.rstrip("/"), tls
 
 
-def _request_bytes(host: str, port: int, path: str, request_id: str, body: bytes) -> bytes:
+def _request_bytes(
+    host: str, port: int, path: str, request_id: str, body: bytes, traceparent: str | None = None
+) -> bytes:
+    trace = f"traceparent: {traceparent}\r\n" if traceparent is not None else ""
     return (
         f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
-        f"Content-Type: application/json\r\nX-Request-Id: {request_id}\r\n"
+        f"Content-Type: application/json\r\nX-Request-Id: {request_id}\r\n{trace}"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode("latin-1") + body
 

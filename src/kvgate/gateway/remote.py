@@ -32,6 +32,7 @@ from kvgate.types import (
 class RemoteFlow(Flow):
     key: int = 0  # the request's id on this worker's connection
     first: Attempt | None = None  # the first attempt, routed by the owner with admit
+    traceparent: str | None = None  # the request span's: the owner's stage spans' parent
 
 
 class RemotePipeline:
@@ -47,6 +48,7 @@ class RemotePipeline:
         *,
         priority_min: int = 0,
         wants_async: bool = False,
+        traceparent: str | None = None,
     ) -> Flow:
         return RemoteFlow(
             route,
@@ -54,6 +56,7 @@ class RemotePipeline:
             priority_min=priority_min,
             wants_async=wants_async,
             key=next(self._keys),
+            traceparent=traceparent,
         )
 
     async def admit(self, flow: Flow) -> AdmissionResult:
@@ -66,6 +69,7 @@ class RemotePipeline:
                 flow.admission_request,
                 flow.priority_min,
                 flow.wants_async,
+                flow.traceparent,
             )
         except asyncio.CancelledError:  # the client left (maybe while queued at the owner)
             self.client.tell("cancel", flow.key)
@@ -94,6 +98,8 @@ class RemotePipeline:
         assert decision is not None
         if attempt.url is not None:
             self.urls[decision.node_id] = attempt.url
+        if attempt.traceparent is not None:  # the owner's span of this attempt
+            flow.upstream_traceparent = attempt.traceparent
         flow.tried.append(decision.node_id)
         flow.attempts += 1
         flow.decision = decision

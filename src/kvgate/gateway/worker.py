@@ -42,6 +42,7 @@ from kvgate.gateway.remote import RemoteFlow, RemotePipeline
 from kvgate.kv_events.hub import KvEventHub
 from kvgate.routing.node_view import NodeView
 from kvgate.tasks import serve_until_signalled
+from kvgate.tracing import Tracing, configure
 
 log = logging.getLogger("kvgate.gateway.worker")
 METRICS_PUSH_S = 1.0
@@ -69,6 +70,8 @@ class WorkerGateway:
         )
         self.urls: dict[str, str] = {}
         self.pipeline = RemotePipeline(self.client, self.urls)
+        # the request spans are this process's (the stage spans the owner's)
+        self.tracing: Tracing | None = None
         # the engines' own prompt hashing (precise routing); the hub's sockets stay the
         # owner's: this one is never started and only hashes
         self.kv_events = KvEventHub(
@@ -123,6 +126,7 @@ class WorkerGateway:
         return web.Response(status=status, headers=headers, body=payload)
 
     async def start(self) -> None:
+        self.tracing = configure(self.config.tracing)
         server = self.config.server
         self.session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(sock_connect=server.connect_timeout_s)
@@ -164,6 +168,9 @@ class WorkerGateway:
         for session in (self.session, self.owner_session):
             if session:
                 await session.close()
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.shutdown)
+            self.tracing = None
 
 
 @web.middleware

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from kvgate.routing.router import Router
+    from kvgate.tracing import FlowTrace, Tracing
 
 DEFAULT_POOL = "default"
 # Answers an engine gives when it cannot take the request now (not about the request).
@@ -97,6 +98,7 @@ class AttemptOutcome:
     cached_tokens: int | None = None  # the engine's actual cached prompt tokens
     output_tokens: int = 0
     broken: str | None = None  # the node failed after the client got bytes
+    status: int | None = None  # the engine's HTTP status (traces)
 
 
 class GiveUp(Exception):
@@ -126,6 +128,8 @@ class Flow:
     last_failure: Failure | None = None
     holds_reservation: bool = False
     run_async: bool = False  # answer 202 and run as a job (Prefer: respond-async / degrade)
+    trace: FlowTrace | None = None  # the stage spans, when tracing is on and this is sampled
+    upstream_traceparent: str | None = None  # sent to the engine (W3C trace context)
 
     @property
     def request_id(self) -> str:
@@ -164,6 +168,7 @@ class RequestPipeline:
         )
         self._pools: frozenset[str] | None = None  # node pools, re-read when nodes change
         self.arrival_observers: list[ArrivalObserver] = []
+        self.tracing: Tracing | None = None  # set by a driver that traces (kvgate.tracing)
         router.nodes.subscribe(
             on_add=self._nodes_changed,
             on_remove=self._nodes_changed,
@@ -181,19 +186,30 @@ class RequestPipeline:
         *,
         priority_min: int = 0,
         wants_async: bool = False,
+        traceparent: str | None = None,
     ) -> Flow:
+        """A new flow; ``traceparent``: the request span's, when tracing sampled it."""
         self.budget.record_request(self.clock.now())
-        return Flow(route, admission_request, priority_min=priority_min, wants_async=wants_async)
+        flow = Flow(route, admission_request, priority_min=priority_min, wants_async=wants_async)
+        if traceparent is not None and self.tracing is not None:
+            flow.trace = self.tracing.flow_trace(traceparent)
+        return flow
 
     async def admit(self, flow: Flow) -> AdmissionResult:
         """Ask admission; a final answer is applied at once (a QUEUE one by ``accept`` later)."""
         assert self.admission is not None and flow.admission_request is not None
         arrived = self.clock.now()
+        trace = flow.trace
+        span = trace.start("kvgate.admission") if trace is not None else None
         try:
             result = await self.admission.admit(flow.admission_request)
         except asyncio.CancelledError:  # the client left while its request was queued
             self.metrics.cancellations.labels("queued").inc()
+            if trace is not None and span is not None:
+                trace.admitted(span, None)
             raise
+        if trace is not None and span is not None:
+            trace.admitted(span, result)
         for observe in self.arrival_observers:
             observe(arrived, flow.admission_request, result)
         if result.kind is AdmissionKind.QUEUE:
@@ -260,12 +276,26 @@ class RequestPipeline:
             ):
                 self.metrics.retry_budget_exhausted.inc()
                 raise self._give_up(flow)
-        decision = self._route(flow)
+        trace = flow.trace
+        if trace is None:
+            decision = self._route(flow)
+        else:
+            span = trace.start("kvgate.routing", **{"kvgate.attempt": flow.attempts + 1})
+            try:
+                decision = self._route(flow)
+            except GiveUp as stop:
+                trace.routed(span, None, str(stop))
+                raise
+            trace.routed(span, decision, None)
         if last is not None:
             self.metrics.retries.labels(last.kind).inc()
         flow.tried.append(decision.node_id)
         flow.attempts += 1
         flow.decision = decision
+        if trace is not None:
+            entry = self.router.nodes.get(decision.node_id)
+            url = entry.spec.url if entry is not None else None
+            flow.upstream_traceparent = trace.attempt_started(decision, flow.attempts, url)
         self.router.on_dispatch(flow.route, decision)
         metrics = self.metrics
         metrics.child(metrics.dispatches, decision.node_id, decision.reason).inc()
@@ -304,12 +334,16 @@ class RequestPipeline:
     def attempt_failed(self, flow: Flow, decision: RouteDecision, failure: Failure) -> bool:
         """The attempt failed before the client got a byte; True if the node was ejected."""
         flow.last_failure = failure
+        if flow.trace is not None:
+            flow.trace.attempt_ended(failure=failure.kind)
         self.metrics.upstream_errors.labels(decision.node_id, failure.kind).inc()
         self.router.on_complete(flow.route, decision, ok=False, actual_cached_tokens=None)
         return self.outlier.record_failure(decision.node_id, failure.kind, self.clock.now())
 
     def attempt_done(self, flow: Flow, decision: RouteDecision, outcome: AttemptOutcome) -> None:
         """The node answered; ``outcome`` says how it ended."""
+        if flow.trace is not None:
+            flow.trace.attempt_ended(status=outcome.status, failure=outcome.broken, ok=outcome.ok)
         self.router.on_complete(
             flow.route, decision, ok=outcome.ok, actual_cached_tokens=outcome.cached_tokens
         )

@@ -1,10 +1,11 @@
 """The default admission never hurts below saturation, against real llama.cpp servers:
 the same open-loop stream through ``kvgate serve`` with its defaults and with
-``--flag admission=off``, fresh servers for each, 60 s each at about half of what two
-one-thread servers sustain (a 300-token shared system prompt, a 30-token question and
-16 output tokens take ~0.75 s of a slot; 2 servers × 2 slots ≈ 5 requests/s).
+``--flag admission=off``, fresh servers for each, 60 s each well below what two
+one-thread servers sustain on a shared 2-core machine (a 200-token shared system prompt,
+a 20-token question and 8 output tokens take ~0.4 s of a slot; 2 servers × 2 slots ≈
+10 requests/s when they have the cores to themselves, which under the suite they do not).
 
-A p99 over ~90 requests on two shared cores moves by tens of milliseconds between
+A p99 over ~60 requests on two shared cores moves by tens of milliseconds between
 identical runs, so the bound is 1.1× admission-off's p99 plus 100 ms; a gate that holds
 work back costs whole requests' worth of seconds and still fails it.
 """
@@ -27,7 +28,7 @@ from tests.admission.test_never_hurts_e2e import metric_sum, p99
 pytestmark = pytest.mark.real_engine
 
 DURATION_S = 60.0
-RATE = 1.5
+RATE = 1.0
 NOISE_S = 0.1
 
 
@@ -51,9 +52,9 @@ def run_row(
             rate=RATE,
             groups=2,
             prompts_per_group=100,
-            system_len=300,
-            question_len=30,
-            output_len=16,
+            system_len=200,
+            question_len=20,
+            output_len=8,
         )
         result = asyncio.run(
             run_bench(

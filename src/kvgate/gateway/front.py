@@ -47,6 +47,11 @@ _MAX_HEAD = 8190  # aiohttp's line limit: a longer head is aiohttp's to judge
 _KEEPALIVE_S = 75.0  # aiohttp's keep-alive timeout (AppRunner's default)
 # a head of tokens and printable ASCII values only (anything else: aiohttp's parser)
 _HEADER_LINES = re.compile(rb"(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e]*\r\n)*")
+# the start of such a head: whole lines, then the start of a line or of the blank one
+_HEADER_START = re.compile(
+    rb"(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e]*\r\n)*"
+    rb"(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+(?::[\t\x20-\x7e]*\r?)?|\r)?"
+)
 # headers whose presence sends the request to aiohttp (Connection: see _plain);
 # Proxy-Connection: aiohttp's C parser (llhttp) reads it as Connection
 _NOT_PLAIN = frozenset(
@@ -347,17 +352,27 @@ class FrontConnection(BaseProtocol):
 
     def _head(self) -> _Parsed | Literal[False] | None:
         """(route, headers, body start, body length) of the buffered request's head;
-        None while it is incomplete; False for a request that is aiohttp's."""
+        None while it is incomplete and may still be plain; False for a request that is
+        aiohttp's (as soon as the bytes in show it: aiohttp refuses a bad head at once)."""
         buf = self._buf
         line_end = buf.find(b"\r\n")
         if line_end < 0:
-            return False if len(buf) > _MAX_HEAD else None
+            if any((line + b"\r\n").startswith(buf) for line in self.front.routes):
+                return None
+            return False
         route = self.front.routes.get(buf[:line_end])
         if route is None or self.front.closing:
             return False
         end = buf.find(b"\r\n\r\n", line_end)
         if end < 0:
-            return False if len(buf) > _MAX_HEAD else None
+            start = buf[line_end + 2 :]
+            if (
+                len(buf) > _MAX_HEAD
+                or start.count(b"\n") > _MAX_HEADERS
+                or _HEADER_START.fullmatch(start) is None
+            ):
+                return False
+            return None
         if end > _MAX_HEAD:
             return False
         plain = _plain(buf[line_end + 2 : end + 2])

@@ -29,10 +29,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import random
 import re
 import types
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 
 import pytest
 from aiohttp import web, web_protocol
@@ -40,6 +41,8 @@ from aiohttp.http_parser import HttpRequestParserPy
 
 from kvgate.gateway.front import FrontRequest, FrontSite
 from kvgate.gateway.gateway import GATEWAY
+from tests.fixtures.gateway import running_gateway
+from tests.gateway._engines import engines
 
 try:
     from aiohttp.http_parser import HttpRequestParserC  # type: ignore[attr-defined]
@@ -149,21 +152,6 @@ class _ByteFed(asyncio.Protocol):
         self.inner.resume_writing()
 
 
-class _ByteFedSite(web.BaseSite):
-    """aiohttp's server, fed byte by byte."""
-
-    @property
-    def name(self) -> str:
-        return "bytewise"
-
-    async def start(self) -> None:
-        await super().start()
-        server = self._runner.server
-        assert server is not None
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _ByteFed(server()), "127.0.0.1", 0)
-
-
 class _ByteFedFrontSite(FrontSite):
     """The front, fed byte by byte (until it hands the connection over: the transport's
     protocol is then aiohttp's own)."""
@@ -177,8 +165,8 @@ class _ByteFedFrontSite(FrontSite):
 @contextlib.asynccontextmanager
 async def serving(mode: str) -> AsyncIterator[Server]:
     """A server for the echo app: ``front`` (the lean front, as ``serve_app`` starts it),
-    ``aiohttp`` (aiohttp's plain server), or either fed byte by byte (``front-bytewise``,
-    ``bytewise``)."""
+    ``front-bytewise`` (the same, fed byte by byte) or ``aiohttp`` (aiohttp's plain
+    server)."""
     app, served, handed = _app()
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1)
     await runner.setup()
@@ -187,10 +175,8 @@ async def serving(mode: str) -> AsyncIterator[Server]:
         site = FrontSite(runner, max_body=LIMIT, host="127.0.0.1", port=0)
     elif mode == "front-bytewise":
         site = _ByteFedFrontSite(runner, max_body=LIMIT)
-    elif mode == "aiohttp":
-        site = web.TCPSite(runner, "127.0.0.1", 0)
     else:
-        site = _ByteFedSite(runner)
+        site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     server = site._server
     assert isinstance(server, asyncio.Server)
@@ -210,32 +196,56 @@ def taken(answer: bytes) -> int:
     return answer.count(_VIA)
 
 
-async def exchange(port: int, data: bytes, sentinel: bool = True) -> bytes:
+def _answered(stream: bytes) -> int:
+    """How many final answers (with their bodies) a stream holds in full."""
+    count = 0
+    while (end := stream.find(b"\r\n\r\n")) >= 0:
+        if re.match(rb"HTTP/1\.1 1\d\d ", stream):
+            stream = stream[end + 4 :]
+            continue
+        found = re.search(rb"\r\nContent-Length: (\d+)\r\n", stream[: end + 2])
+        if found is None or len(stream) < end + 4 + int(found.group(1)):
+            break
+        stream = stream[end + 4 + int(found.group(1)) :]
+        count += 1
+    return count
+
+
+async def exchange(
+    port: int, data: bytes, sentinel: bool = True, cuts: Sequence[int] = ()
+) -> bytes:
     """All the server answers to ``data`` (then the sentinel, unless told not) on one
     connection: up to the sentinel's answer, the server closing, or ``IDLE_S`` of
-    silence."""
+    silence. With ``cuts``, the bytes up to each cut go alone, each once the answer to
+    the one before is in (so the server reads them apart)."""
     loop = asyncio.get_running_loop()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     got = b""
+    ends = [*cuts, len(data)]
+    pieces = [data[start:end] for start, end in zip([0, *cuts], ends, strict=True)]
+    if sentinel:
+        pieces[-1] += SENTINEL
     try:
-        writer.write(data + SENTINEL if sentinel else data)
-        with contextlib.suppress(ConnectionError):
-            await writer.drain()
-        quiet = 0.0
-        while MARK not in got and quiet < IDLE_S:
-            started = loop.time()
-            try:
-                chunk = await asyncio.wait_for(reader.read(65536), STEP_S)
-            except TimeoutError:
-                if loop.time() - started < 2 * STEP_S:
-                    quiet += STEP_S
-                continue
-            except ConnectionError:
-                break
-            if not chunk:
-                break
-            got += chunk
+        for number, piece in enumerate(pieces):
+            writer.write(piece)
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+            last = number == len(pieces) - 1
             quiet = 0.0
+            while MARK not in got and quiet < IDLE_S and (last or _answered(got) <= number):
+                started = loop.time()
+                try:
+                    chunk = await asyncio.wait_for(reader.read(65536), STEP_S)
+                except TimeoutError:
+                    if loop.time() - started < 2 * STEP_S:
+                        quiet += STEP_S
+                    continue
+                except ConnectionError:
+                    return _DATE.sub(b"\r\nDate: -", got)
+                if not chunk:
+                    return _DATE.sub(b"\r\nDate: -", got)
+                got += chunk
+                quiet = 0.0
     finally:
         writer.close()
         with contextlib.suppress(ConnectionError):
@@ -251,6 +261,18 @@ async def answers(port: int, cases: list[bytes], sentinel: bool = True) -> list[
             return await exchange(port, data, sentinel)
 
     return list(await asyncio.gather(*(one(data) for data in cases)))
+
+
+def front_cuts(data: bytes, lean: bytes) -> list[int]:
+    """Where the requests the front answered itself end in ``data`` (each answer's head
+    ends at the first blank line, its body is as long as the echo says)."""
+    cuts, at = [], 0
+    for answer in split(lean):
+        if _VIA not in answer:
+            break
+        at = data.find(b"\r\n\r\n", at) + 4 + json.loads(answer.partition(b"\r\n\r\n")[2])["length"]
+        cuts.append(at)
+    return cuts
 
 
 @contextlib.contextmanager
@@ -270,7 +292,7 @@ def parser(kind: str) -> Iterator[None]:
 # --------------------------------------------------------------------------------------
 # cases
 
-BODY = b'{"model": "sim", "messages": [{"role": "user", "content": "hi"}]}'
+BODY = b'{"model": "sim", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}'
 
 
 def req(
@@ -733,10 +755,15 @@ def mutated_cases(count: int = MUTATED, seed: int = SEED) -> dict[str, bytes]:
 
 
 def split(stream: bytes) -> list[bytes]:
-    """The answers in a stream (all of them have a Content-Length); a broken tail last."""
+    """The answers in a stream (interim ones, the rest with a Content-Length); a broken
+    tail last."""
     out = []
     while stream:
         end = stream.find(b"\r\n\r\n")
+        if end >= 0 and re.match(rb"HTTP/1\.1 1\d\d ", stream):  # interim: no body
+            out.append(stream[: end + 4])
+            stream = stream[end + 4 :]
+            continue
         found = re.search(rb"\r\nContent-Length: (\d+)\r\n", stream[: end + 2])
         if end < 0 or found is None:
             out.append(stream)
@@ -754,54 +781,73 @@ def _refusal(answer: bytes) -> bytes:
     return b"%b (...)" % status if status.endswith(b" 400 Bad Request") else answer
 
 
-def batch_refused(front: list[bytes], whole: list[bytes]) -> bool:
-    """aiohttp's server refuses every request of a segment it read when one of them is
-    bad (its parser raises for the whole segment): ``whole`` is ``front`` less some of the
-    answers right before the final 400."""
-    if not whole or len(whole) >= len(front) or not whole[-1].startswith(b"HTTP/1.0 400"):
+def fewer(more: list[bytes], less: list[bytes]) -> bool:
+    """``less`` is ``more``, or ``more`` less some answers right before the final 400
+    both end with: aiohttp's server refuses every request of a segment it read when one
+    of them is bad (its parser raises for the whole segment), so how the bytes arrive
+    decides how many of the requests before a bad one it answers."""
+    if more == less:
+        return True
+    if not less or len(less) >= len(more) or not less[-1].startswith(b"HTTP/1.0 400"):
         return False
-    return front[-1] == whole[-1] and front[: len(whole) - 1] == whole[:-1]
+    return more[-1] == less[-1] and more[: len(less) - 1] == less[:-1]
 
 
-def differences(names: list[str], got: list[list[bytes]]) -> list[str]:
+def _own(stream: bytes) -> list[bytes]:
+    return [answer for answer in split(stream) if _VIA in answer]
+
+
+def differences(names: list[str], got: list[list[bytes | None]]) -> list[str]:
     """The cases where the front answered otherwise than aiohttp's server fed the same
-    bytes in one segment — except where aiohttp refused a whole segment for a later bad
-    request and the front answers as aiohttp fed byte by byte (the same bytes, split).
-    The front fed byte by byte must answer as aiohttp fed either way (aiohttp's own
-    answers to what it is handed may follow how the bytes arrive)."""
+    bytes in one segment — except where aiohttp answers fewer of the requests before a
+    bad one (``fewer``) and the front answers as aiohttp fed the same bytes cut where
+    the front's requests end. The front fed byte by byte must answer the requests it
+    takes as the front fed what arrives (what it hands over is aiohttp's to answer, as
+    the bytes arrive)."""
     out = []
-    for name, *streams in zip(names, *got, strict=True):
-        lean, lean_bytewise, whole, bytewise = (
-            [_refusal(a) for a in split(s.replace(_VIA, b""))] for s in streams
+    for name, raw, raw_bytewise, raw_whole, raw_cut in zip(names, *got, strict=True):
+        assert raw is not None and raw_bytewise is not None and raw_whole is not None
+        front, whole = (
+            [_refusal(a) for a in split(s.replace(_VIA, b""))] for s in (raw, raw_whole)
         )
-        for label, front, ok in (
-            ("front", lean, lean == whole or (lean == bytewise and batch_refused(lean, whole))),
-            ("front fed byte by byte", lean_bytewise, lean_bytewise in (whole, bytewise)),
-        ):
-            if not ok:
-                out.append(
-                    f"{name} ({taken(streams[0])} taken): {label}\n  front    {front!r}\n"
-                    f"  aiohttp  {whole!r}\n  bytewise {bytewise!r}"
-                )
+        cut = [_refusal(a) for a in split(raw_cut.replace(_VIA, b""))] if raw_cut else None
+        if front != whole and not (fewer(front, whole) and front == cut):
+            out.append(
+                f"{name} ({taken(raw)} taken):\n  front    {front!r}\n"
+                f"  aiohttp  {whole!r}\n  aiohttp, cut where the front's requests end {cut!r}"
+            )
+        if _own(raw_bytewise) != _own(raw):
+            out.append(
+                f"{name}: the front fed byte by byte took otherwise\n"
+                f"  {_own(raw_bytewise)!r}\n  {_own(raw)!r}"
+            )
     return out
 
 
 async def _run(
     cases: dict[str, bytes], sentinel: bool = True
-) -> tuple[list[str], list[list[bytes]], Server]:
-    """The answers of the front, the front fed byte by byte, aiohttp's server and
-    aiohttp's fed byte by byte."""
+) -> tuple[list[str], list[list[bytes | None]], Server]:
+    """The answers of the front, the front fed byte by byte, aiohttp's server, and (where
+    the front's answers differ from its) aiohttp's fed the same bytes cut where the
+    front's requests end."""
     names = list(cases)
     data = [cases[name] for name in names]
     async with (
         serving("front") as front,
         serving("front-bytewise") as front_bytewise,
         serving("aiohttp") as plain,
-        serving("bytewise") as bytewise,
     ):
-        servers = (front, front_bytewise, plain, bytewise)
+        servers = (front, front_bytewise, plain)
         got = await asyncio.gather(*(answers(server.port, data, sentinel) for server in servers))
-    return names, list(got), front
+
+        async def cut(index: int) -> bytes | None:
+            lean, whole = got[0][index], got[2][index]
+            if lean.replace(_VIA, b"") == whole or not taken(lean):
+                return None
+            return await exchange(plain.port, data[index], sentinel, front_cuts(data[index], lean))
+
+        cuts = await asyncio.gather(*(cut(index) for index in range(len(data))))
+    return names, [*got, cuts], front
 
 
 @pytest.mark.parametrize("sentinel", [True, False], ids=["then-sentinel", "alone"])
@@ -825,3 +871,36 @@ async def test_mutated_cases_answer_as_aiohttp(kind: str) -> None:
         names, got, front = await _run(cases)
     assert not (found := differences(names, got)), "\n".join(found)
     assert front.served.value >= MUTATED // 10  # the mutations do reach the front's parser
+
+
+def _statuses(stream: bytes) -> list[bytes]:
+    return [_refusal(answer).split(b"\r\n", 1)[0] for answer in split(stream)]
+
+
+async def test_the_gateway_answers_alike_with_and_without_the_front() -> None:
+    """The real gateway (its routes, middlewares and proxying to an engine), each
+    hand-picked case alone on a connection: the same statuses, in the same order, with
+    the lean front on as off (aiohttp's C parser; the echo tests compare the bytes)."""
+    with engines(1, separate=False) as started:
+        config = {
+            "nodes": [{"id": "e0", "url": started[0].url}],
+            "server": {"max_body_bytes": LIMIT},
+        }
+        got = []
+        for lean in (True, False):
+            async with running_gateway(
+                {**config, "server": {**config["server"], "lean_front": lean}}
+            ) as gw:
+                port = int(gw.url.rsplit(":", 1)[1])
+                got.append(await answers(port, list(CASES.values()), sentinel=False))
+                if lean:
+                    served = gw.gateway.registry.get_sample_value(
+                        "kvgate_front_lean_requests_total"
+                    )
+                    assert served and served >= 20
+    found = []
+    for name, lean_stream, plain_stream in zip(CASES, *got, strict=True):
+        front, whole = _statuses(lean_stream), _statuses(plain_stream)
+        if not fewer(front, whole):
+            found.append(f"{name}: front {front} aiohttp {whole}")
+    assert not found, "\n".join(found)

@@ -2,26 +2,35 @@
 input: request smuggling, odd framing, control bytes, over-long heads, pipelining.
 
 The front parses only the plain form of the hot requests itself and hands everything else
-(and the rest of its connection) to aiohttp's server. So the property is exact: for the
-same bytes on one connection, a server behind the front and aiohttp's plain server answer
-with the same bytes (the Date aside) — the same accept/refuse decision, and for every
-accepted request the same method, path, headers and body, as an echo handler reports
-them (headers in full, the body as its length and sha256). Any difference is the front
-taking a request aiohttp would refuse or read differently (a smuggling bug), or the
-front refusing where aiohttp accepts — which it cannot do on the wire, since refusing is
-handing over to that same aiohttp; ``STRICTER`` still lists the shapes the front
-deliberately does not take (they must be handed over, never served by the front).
+(and the rest of its connection) to aiohttp's server. So the property is near exact: for
+the same bytes on one connection, a server behind the front and aiohttp's plain server
+answer with the same bytes (the Date aside, and a 400's text) — the same accept/refuse
+decision, and for every accepted request the same method, path, headers and body, as an
+echo handler reports them (headers in full, the body as its length and sha256).
+
+Two things are allowed, both checked, neither a request the front reads otherwise:
+
+* aiohttp's server refuses every request of a segment it read when one of them is bad
+  (its parser raises for the whole segment). Where the front answers requests before a
+  bad one that aiohttp, fed them in one segment, refused with it, the front must answer
+  as aiohttp fed the same bytes cut where the front's requests end.
+* refusing where aiohttp accepts: refusing is handing the connection to aiohttp, which
+  then answers as without the front; ``STRICTER`` lists the shapes the front does not
+  take though aiohttp accepts them, each the safer choice (``TAKEN``: what it takes).
 
 Both of aiohttp's parsers are the reference: the C one (``aiohttp._http_parser``, what
-the server uses) where it is built, and the pure-Python ``HttpRequestParserPy``; both
-servers of a pair use the same one. The front is run as it really runs: a ``FrontSite``
-on a loopback port over an ``AppRunner`` (as ``serve_app`` starts it), raw bytes through
-a socket. A case's bytes are followed by a sentinel ``GET`` so the end of the answers is
-known without waiting; a case that leaves a request unfinished ends on an idle timeout.
+the server uses) where it is built, and the pure-Python ``HttpRequestParserPy``; the
+front's fallback and the plain server use the same one. The front runs as it really
+runs: a ``FrontSite`` on a loopback port over an ``AppRunner`` (as ``serve_app`` starts
+it), raw bytes through a socket; and once more fed byte by byte, where it must take the
+same requests. A case's bytes go alone, or followed by a sentinel ``GET`` so the end of
+the answers is known without waiting (else: the server closing, or a silence). The real
+gateway, with the front on and off, must answer the hand-picked cases with the same
+statuses.
 
 Besides the hand-picked cases, a seeded mutator derives a few hundred cases from a corpus
-of valid requests (byte edits, line-ending and case flips, repeated and folded headers,
-shifted lengths, split chunk framing).
+of valid requests (byte edits and inserted framing headers, line-ending and case flips,
+repeated and folded headers, shifted lengths, request-line edits).
 """
 
 from __future__ import annotations

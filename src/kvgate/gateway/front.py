@@ -6,10 +6,12 @@ lookup and the middleware wrapping: on a streamed long-prompt request ≈ 8–10
 gateway's CPU. This front is an asyncio ``Protocol`` that takes only the plain form of
 the hot requests — ``POST /v1/chat/completions`` or ``POST /v1/completions`` over
 HTTP/1.1 with one ``Content-Length`` body within the size limit, printable ASCII
-headers, no ``Transfer-Encoding``, ``Content-Encoding``, ``Expect``, ``Upgrade`` or
-``Connection`` other than keep-alive — and runs the app's own route handler and
-middlewares on it (one task per request), answering with aiohttp's own response objects
-and ``StreamWriter``, so the bytes on the wire are aiohttp's.
+headers, no ``Transfer-Encoding``, ``Content-Encoding``, ``Expect``, ``Upgrade``,
+``Proxy-Connection`` or ``Connection`` other than keep-alive — and runs the app's own
+route handler and middlewares on it (one task per request), answering with aiohttp's
+own response objects and ``StreamWriter``, so the bytes on the wire are aiohttp's.
+``tests/gateway/test_front_differential.py`` holds it to aiohttp's parser on hostile
+input.
 
 Anything else (another path or method, a chunked or encoded body, a head it would have
 to judge) hands the connection to aiohttp's server for good: the protocol is swapped on
@@ -45,9 +47,22 @@ _MAX_HEAD = 8190  # aiohttp's line limit: a longer head is aiohttp's to judge
 _KEEPALIVE_S = 75.0  # aiohttp's keep-alive timeout (AppRunner's default)
 # a head of tokens and printable ASCII values only (anything else: aiohttp's parser)
 _HEADER_LINES = re.compile(rb"(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e]*\r\n)*")
-# headers whose presence sends the request to aiohttp (Connection: see _plain)
+# the start of such a head: whole lines, then the start of a line or of the blank one
+_HEADER_START = re.compile(
+    rb"(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e]*\r\n)*"
+    rb"(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+(?::[\t\x20-\x7e]*\r?)?|\r)?"
+)
+# headers whose presence sends the request to aiohttp (Connection: see _plain);
+# Proxy-Connection: aiohttp's C parser (llhttp) reads it as Connection
 _NOT_PLAIN = frozenset(
-    ("transfer-encoding", "content-encoding", "expect", "upgrade", "sec-websocket-key1")
+    (
+        "transfer-encoding",
+        "content-encoding",
+        "expect",
+        "upgrade",
+        "sec-websocket-key1",
+        "proxy-connection",
+    )
 )
 _MAX_HEADERS = 100  # aiohttp refuses more than 128
 
@@ -337,17 +352,27 @@ class FrontConnection(BaseProtocol):
 
     def _head(self) -> _Parsed | Literal[False] | None:
         """(route, headers, body start, body length) of the buffered request's head;
-        None while it is incomplete; False for a request that is aiohttp's."""
+        None while it is incomplete and may still be plain; False for a request that is
+        aiohttp's (as soon as the bytes in show it: aiohttp refuses a bad head at once)."""
         buf = self._buf
         line_end = buf.find(b"\r\n")
         if line_end < 0:
-            return False if len(buf) > _MAX_HEAD else None
+            if any((line + b"\r\n").startswith(buf) for line in self.front.routes):
+                return None
+            return False
         route = self.front.routes.get(buf[:line_end])
         if route is None or self.front.closing:
             return False
         end = buf.find(b"\r\n\r\n", line_end)
         if end < 0:
-            return False if len(buf) > _MAX_HEAD else None
+            start = buf[line_end + 2 :]
+            if (
+                len(buf) > _MAX_HEAD
+                or start.count(b"\n") > _MAX_HEADERS
+                or _HEADER_START.fullmatch(start) is None
+            ):
+                return False
+            return None
         if end > _MAX_HEAD:
             return False
         plain = _plain(buf[line_end + 2 : end + 2])

@@ -69,7 +69,7 @@ def report(view: NodeView, clock: ManualClock, node: str, **fields: float) -> No
 
 
 def has_room(view: NodeView) -> bool:
-    return engines_have_headroom(view, max_waiting=0, kv_usage_below=0.8, max_unreported=2)
+    return engines_have_headroom(view, max_waiting=0, kv_usage_below=0.8, max_inflight_growth=2)
 
 
 def test_every_eligible_engine_must_report_room() -> None:
@@ -84,7 +84,7 @@ def test_every_eligible_engine_must_report_room() -> None:
     assert not has_room(view)  # a queue on one engine
 
 
-def test_full_kv_backoff_unreported_dispatches_and_stale_reports_mean_no_room() -> None:
+def test_full_kv_backoff_requests_beyond_the_report_and_stale_reports_mean_no_room() -> None:
     view, clock = view_of(2)
     for node in ("n0", "n1"):
         report(view, clock, node, waiting=0, kv_usage=0.2)
@@ -95,7 +95,12 @@ def test_full_kv_backoff_unreported_dispatches_and_stale_reports_mean_no_room() 
     assert has_room(view)  # draining: not eligible, so it does not count
     for rid in ("a", "b", "c"):
         view.on_dispatch("n0", rid, 100)
-    assert not has_room(view)  # 3 dispatches since its report (> 2): unknown
+    assert not has_room(view)  # 3 more in flight than its report counted (> 2): unknown
+    view.on_complete("n0", "a")
+    assert has_room(view)  # finished since: 2 more, within the bound
+    report(view, clock, "n0", waiting=0, kv_usage=0.2, running=2)
+    view.on_dispatch("n0", "d", 100)
+    assert has_room(view)  # 3 in flight, 2 of them in the report
     view2, clock2 = view_of(1)
     report(view2, clock2, "n0", waiting=0, kv_usage=0.85)
     assert not has_room(view2)

@@ -161,14 +161,15 @@ class HeadroomConfig(_Strict):
     """When the engines have room for more work (headroom.py; flag ``fail_open``).
 
     Every eligible engine must have a fresh report with at most ``max_waiting`` requests
-    in its queue and KV use below ``kv_usage_below``, and at most
-    ``max_unreported_requests`` dispatched to it since that report (a report is up to a
-    scrape interval old: this bounds what failing open may send before the next one)."""
+    in its queue and KV use below ``kv_usage_below``, and this gateway may have at most
+    ``max_inflight_growth`` more requests in flight on it than the report counted running
+    and waiting (a report is up to a scrape interval old: this bounds what failing open
+    may send before the next one, while work that finished since does not count)."""
 
     max_waiting: float = Field(default=0.0, ge=0, description="engine queue length still idle")
     kv_usage_below: float = Field(default=0.8, gt=0, le=1, description="KV use still idle")
-    max_unreported_requests: int = Field(
-        default=8, ge=0, description="dispatches since the engine's last report"
+    max_inflight_growth: int = Field(
+        default=8, ge=0, description="requests in flight beyond the report's running + waiting"
     )
     episode_gap_s: float = Field(
         default=30.0, gt=0, description="a hold this long after the last starts a new episode"

@@ -41,11 +41,12 @@ def engine_kv_capacity(nodes: NodeView) -> int | None:
 
 
 def engines_have_headroom(
-    nodes: NodeView, *, max_waiting: float, kv_usage_below: float, max_unreported: int
+    nodes: NodeView, *, max_waiting: float, kv_usage_below: float, max_inflight_growth: int
 ) -> bool:
     """Every node the router may pick has room: a fresh report with at most
     ``max_waiting`` queued requests and KV use below ``kv_usage_below``, and at most
-    ``max_unreported`` requests dispatched to it since that report. False when no node
+    this gateway's requests in flight on it at most ``max_inflight_growth`` above the
+    report's running + waiting (live: finished requests leave it). False when no node
     is eligible."""
     eligible = [e for e in nodes.list() if e.state in _ROUTABLE]
     if not eligible:
@@ -56,7 +57,7 @@ def engines_have_headroom(
             return False
         if report.waiting > max_waiting or report.kv_usage >= kv_usage_below:
             return False
-        if len(entry.unreported) > max_unreported:
+        if entry.inflight_requests - (report.running + report.waiting) > max_inflight_growth:
             return False
     return True
 
@@ -67,5 +68,5 @@ def headroom_signal(nodes: NodeView, config: HeadroomConfig) -> Callable[[], boo
         nodes,
         max_waiting=config.max_waiting,
         kv_usage_below=config.kv_usage_below,
-        max_unreported=config.max_unreported_requests,
+        max_inflight_growth=config.max_inflight_growth,
     )

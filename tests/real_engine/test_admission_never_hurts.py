@@ -1,6 +1,6 @@
 """The default admission never hurts below saturation, against real llama.cpp servers:
-the same open-loop stream through ``kvgate serve`` with its defaults and with
-``--flag admission=off``, fresh servers for each, 60 s each well below what two
+the same open-loop stream through ``kvgate serve`` with its defaults and, at the same
+time, through one with ``--flag admission=off``, two servers each, for 60 s well below what two
 one-thread servers sustain on a shared 2-core machine (a 200-token shared system prompt,
 a 20-token question and 8 output tokens take ~0.4 s of a slot; 2 servers × 2 slots ≈
 10 requests/s when they have the cores to themselves, which under the suite they do not).
@@ -23,6 +23,7 @@ from kvgate.procs import GatewayProcess, wait_until_routable
 from kvgate.procs.llama import LlamaServer
 from kvgate.report.records import RequestRecord
 from kvgate.workloads import generate_workload
+from kvgate.workloads.base import WorkItem
 from tests.admission.test_never_hurts_e2e import metric_sum, p99
 
 pytestmark = pytest.mark.real_engine
@@ -32,44 +33,34 @@ RATE = 1.0
 NOISE_S = 0.1
 
 
-def run_row(
-    extra_args: list[str],
-    llama_servers: Callable[..., list[LlamaServer]],
-    gateway_factory: Callable[..., GatewayProcess],
-) -> tuple[list[RequestRecord], float]:
-    servers = llama_servers(2)
-    gw = gateway_factory(
-        backends=[s.url for s in servers],
-        extra_args=["--engine-type", "llamacpp", "--scrape-interval", "1", *extra_args],
-    )
-    try:
-        wait_until_routable(gw)
-        time.sleep(1.5)  # a scrape round: fresh reports of both servers
-        workload = generate_workload(
-            "shared-prefix",
-            seed=3,
-            requests=int(RATE * DURATION_S),
-            rate=RATE,
-            groups=2,
-            prompts_per_group=100,
-            system_len=200,
-            question_len=20,
-            output_len=8,
+def workload_items() -> list[WorkItem]:
+    return generate_workload(
+        "shared-prefix",
+        seed=3,
+        requests=int(RATE * DURATION_S),
+        rate=RATE,
+        groups=2,
+        prompts_per_group=100,
+        system_len=200,
+        question_len=20,
+        output_len=8,
+    ).items
+
+
+async def both_rows(urls: list[str]) -> list[list[RequestRecord]]:
+    """The same stream through each gateway at once: whatever else the machine runs
+    slows both rows alike."""
+    runs = [
+        run_bench(
+            url,
+            workload_items(),
+            duration_s=DURATION_S,
+            request_timeout_s=60.0,
+            drain_timeout_s=60.0,
         )
-        result = asyncio.run(
-            run_bench(
-                gw.url,
-                workload.items,
-                duration_s=DURATION_S,
-                request_timeout_s=60.0,
-                drain_timeout_s=60.0,
-            )
-        )
-        return result.records, metric_sum(gw.url, "kvgate_admission_held_with_headroom_total")
-    finally:
-        gw.stop()
-        for s in servers:
-            s.stop()
+        for url in urls
+    ]
+    return [result.records for result in await asyncio.gather(*runs)]
 
 
 @pytest.mark.timeout(420)
@@ -77,8 +68,20 @@ def test_default_admission_in_front_of_llama_cpp_costs_nothing(
     llama_servers: Callable[..., list[LlamaServer]],
     gateway_factory: Callable[..., GatewayProcess],
 ) -> None:
-    on, held = run_row([], llama_servers, gateway_factory)
-    off, _ = run_row(["--flag", "admission=off"], llama_servers, gateway_factory)
+    gateways = []
+    for extra in ([], ["--flag", "admission=off"]):
+        servers = llama_servers(2)
+        gateways.append(
+            gateway_factory(
+                backends=[s.url for s in servers],
+                extra_args=["--engine-type", "llamacpp", "--scrape-interval", "1", *extra],
+            )
+        )
+    for gw in gateways:
+        wait_until_routable(gw)
+    time.sleep(1.5)  # a scrape round: fresh reports of every server
+    on, off = asyncio.run(both_rows([gw.url for gw in gateways]))
+    held = metric_sum(gateways[0].url, "kvgate_admission_held_with_headroom_total")
     assert len(on) == len(off) >= 0.9 * RATE * DURATION_S
     refused = [(r.http_status, r.admission) for r in on if r.http_status != 200]
     assert not refused, refused[:5]

@@ -161,10 +161,10 @@ class HeadroomConfig(_Strict):
     """When the engines have room for more work (headroom.py; flag ``fail_open``).
 
     Every eligible engine must have a fresh report with at most ``max_waiting`` requests
-    in its queue and KV use below ``kv_usage_below``, and this gateway may have at most
-    ``max_inflight_growth`` more requests in flight on it than the report counted running
-    and waiting (a report is up to a scrape interval old: this bounds what failing open
-    may send before the next one, while work that finished since does not count)."""
+    in its queue and KV use below ``kv_usage_below``, and at most ``max_inflight_growth``
+    requests dispatched to it since that report or in flight on it beyond the report's
+    running and waiting (a report is up to a scrape interval old: this bounds what failing
+    open may send before the next one)."""
 
     max_waiting: float = Field(default=0.0, ge=0, description="engine queue length still idle")
     kv_usage_below: float = Field(default=0.8, gt=0, le=1, description="KV use still idle")

@@ -45,8 +45,9 @@ def engines_have_headroom(
 ) -> bool:
     """Every node the router may pick has room: a fresh report with at most
     ``max_waiting`` queued requests and KV use below ``kv_usage_below``, and at most
-    this gateway's requests in flight on it at most ``max_inflight_growth`` above the
-    report's running + waiting (live: finished requests leave it). False when no node
+    at most ``max_inflight_growth`` requests dispatched to it since that report or this
+    gateway's requests in flight on it at most that many above the report's running +
+    waiting (finished requests leave it). False when no node
     is eligible."""
     eligible = [e for e in nodes.list() if e.state in _ROUTABLE]
     if not eligible:
@@ -57,7 +58,11 @@ def engines_have_headroom(
             return False
         if report.waiting > max_waiting or report.kv_usage >= kv_usage_below:
             return False
-        if entry.inflight_requests - (report.running + report.waiting) > max_inflight_growth:
+        # what changed since the report: dispatches to it, or (when many of those have
+        # finished, as at high rates) its requests in flight beyond what it reported
+        unreported = len(entry.unreported)
+        growth = entry.inflight_requests - (report.running + report.waiting)
+        if min(unreported, growth) > max_inflight_growth:
             return False
     return True
 

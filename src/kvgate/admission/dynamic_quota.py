@@ -10,10 +10,12 @@ is a check: a *breach* (latency far over target since the last check) cuts the t
 once, and a raise is applied in parts (*ramp*) over the settle window so its admission
 burst is spread. Bounds: the floor (guarantees, one mean request, ``min_total``) and the
 ceiling (the absolute hard cap; the tighten watermark of measured KV capacity ×
-overcommit, in reservation units: scaled by the measured reserved-per-engine-token
-ratio, ``sharing.py``). Neither a breach nor a tighten (the ceiling aside) shrinks the
-total while every eligible engine reports headroom (``admission.headroom``). An optional forecast (``forecast(t)`` → runtime tokens needed at time t,
-or None) pre-scales: the total is raised to it ahead of time (flag ``forecast``).
+overcommit, in reservation units: scaled by the measured held-runtime-tokens per
+engine KV token, ``sharing.py``, while first tokens meet their target). Neither a breach
+nor a tighten (the ceiling aside) shrinks the total while every eligible engine reports
+headroom (``admission.headroom``). An optional forecast (``forecast(t)`` → runtime tokens
+needed at time t, or None) pre-scales: the total is raised to it ahead of time (flag
+``forecast``).
 """
 
 from __future__ import annotations
@@ -95,9 +97,9 @@ class DynamicQuota:
         metrics.labels("held").set(self.sharing.held_per_engine_token)
 
     async def tick(self, now: float) -> QuotaStep | None:
-        """Called every ``check_s``: a full step once a period has passed, else a breach
-                check (which cuts, or raises when the quota held work back while the engines had
-        headroom). The first tick starts the first period."""
+        """Called every ``check_s``: a full step once a period has passed, else a check
+        (which cuts on a breach, or raises when the quota held work back while the engines
+        had headroom). The first tick starts the first period."""
         interval = self.core.config.dynamic_quota.interval_s
         if self._next_period is None:
             self._next_period = now + interval

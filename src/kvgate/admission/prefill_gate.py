@@ -13,8 +13,9 @@ token percentile seen since the last step (pending requests count their age), by
 most ``max_growth`` either way, and only grown while the gate held work back (an idle
 gate says nothing about the engines). While ``engines_idle()`` (every eligible engine
 reports headroom: admission.headroom) it does not shrink, and a limit that shrank below
-``initial_tokens`` goes back to it: whatever slowed the first tokens has passed. Classes not listed in ``priority_classes`` may fill only
-``other_share`` of the limit, so interactive work finds room first.
+``initial_tokens`` goes back to it: whatever slowed the first tokens has passed. Classes
+not listed in ``priority_classes`` may fill only ``other_share`` of the limit, so
+interactive work finds room first.
 Non-streamed requests report no first token and pass the gate without being counted.
 """
 

@@ -35,7 +35,7 @@ from kvgate.gateway.surface import SURFACE_KINDS, input_tokens, surface_route
 from kvgate.pipeline import Flow, UnknownModel, resolve_model
 from kvgate.prompts import PromptError
 from kvgate.routing import build_route_request
-from kvgate.routing.endpoints import serves
+from kvgate.routing.endpoints import engine_types_serving, serves
 from kvgate.tracing import Tracing, traceparent
 from kvgate.types import AdmissionKind, AdmissionRequest, AdmissionResult
 
@@ -208,7 +208,7 @@ def _check_served(gateway: Gateway, kind: str, path: str, model: str) -> None:
     raise ApiError(
         404,
         f"no node serves {path} for the model {model!r} "
-        "(engine types serving it: vllm, sim, and for embeddings/rerank sglang, llamacpp)",
+        f"(engine types serving it: {', '.join(engine_types_serving(kind))})",
         code="endpoint_not_served",
     )
 
@@ -229,15 +229,11 @@ async def serve(request: web.Request, endpoint: str, path: str) -> web.StreamRes
     entry.request_id = request_id
     flows: list[Flow] = []  # the request's flow, once it has one (for error headers)
     tracing: Tracing | None = getattr(gateway, "tracing", None)
-    if tracing is None:
-        try:
-            return await _generate(
-                gateway, request, endpoint, path, request_id, started, entry, flows, None
-            )
-        except ApiError as exc:
-            exc.headers = {**_known_headers(request_id, flows[0] if flows else None), **exc.headers}
-            raise
-    span = tracing.request_span(f"{request.method} {request.path}", request.headers, request_id)
+    span = (
+        tracing.request_span(f"{request.method} {request.path}", request.headers, request_id)
+        if tracing is not None
+        else None
+    )
     status = 500
     try:
         response = await _generate(
@@ -253,13 +249,14 @@ async def serve(request: web.Request, endpoint: str, path: str) -> web.StreamRes
         status = 499  # the client left
         raise
     finally:
-        route = flows[0].route if flows else None
-        tracing.end_request(
-            span,
-            status,
-            route.tenant if route is not None else entry.tenant,
-            route.model if route is not None else None,
-        )
+        if tracing is not None and span is not None:
+            route = flows[0].route if flows else None
+            tracing.end_request(
+                span,
+                status,
+                route.tenant if route is not None else entry.tenant,
+                route.model if route is not None else None,
+            )
 
 
 async def _generate(
@@ -322,7 +319,9 @@ async def _generate(
 
     wants_async = "respond-async" in request.headers.get("Prefer", "").lower()
     # a non-generation request holds its input only: no decode is reserved
-    client_bound = body.get("max_completion_tokens") or body.get("max_tokens") if generation else 0
+    client_bound = (
+        (body.get("max_completion_tokens") or body.get("max_tokens")) if generation else 0
+    )
     flow = gateway.pipeline.start(
         route,
         AdmissionRequest(

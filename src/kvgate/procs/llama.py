@@ -25,6 +25,7 @@ _LISTENING = re.compile(rb"listening on http://127\.0\.0\.1:(\d+)")
 
 
 def cache_dir() -> Path:
+    """Where the install scripts cache engines and models (``$KVGATE_CACHE``)."""
     return Path(os.environ.get("KVGATE_CACHE", Path.home() / ".cache" / "kvgate"))
 
 

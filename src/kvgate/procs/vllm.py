@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvgate.procs.handle import ChildFailed, ProcessHandle, healthy, log_tail
+from kvgate.procs.llama import cache_dir
 from kvgate.procs.ports import free_port
 
 MODEL_NAME = "tiny"  # --served-model-name
@@ -37,10 +38,6 @@ ENGINE_ENV = {
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
 }
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("KVGATE_CACHE", Path.home() / ".cache" / "kvgate"))
 
 
 def find_python() -> Path | None:

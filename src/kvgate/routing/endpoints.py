@@ -37,5 +37,9 @@ def serves(engine_type: str, endpoint: str) -> bool:
     return endpoint in ENGINE_ENDPOINTS.get(engine_type, CACHE_AFFINE)
 
 
+def engine_types_serving(endpoint: str) -> list[str]:
+    return sorted(t for t, kinds in ENGINE_ENDPOINTS.items() if endpoint in kinds)
+
+
 def cache_affine(endpoint: str) -> bool:
     return endpoint in CACHE_AFFINE

@@ -95,7 +95,7 @@ class NodeEntry:
 @dataclass(slots=True)
 class EligibleSet:
     """The filters' verdict (routing/filters.py) for one kind of request (pool, model,
-    size), before exclusions.
+    size, endpoint), before exclusions.
 
     Kept in ``NodeView.eligibility`` and reused until the node view changes what a
     filter reads (it then clears them all), the configuration is swapped, the clock goes

@@ -45,16 +45,18 @@ def engines_have_headroom(
 ) -> bool:
     """Every node the router may pick has room: a fresh report with at most
     ``max_waiting`` queued requests and KV use below ``kv_usage_below``, and at most
-    at most ``max_inflight_growth`` requests dispatched to it since that report or this
-    gateway's requests in flight on it at most that many above the report's running +
-    waiting (finished requests leave it). False when no node
-    is eligible."""
-    eligible = [e for e in nodes.list() if e.state in _ROUTABLE]
-    if not eligible:
-        return False
-    for entry in eligible:
+    ``max_inflight_growth`` requests dispatched to it since that report or this gateway's
+    requests in flight on it at most that many above the report's running + waiting
+    (finished requests leave it). False when no node is eligible. Stops at the first
+    node without room (it runs when a limit would hold a request back)."""
+    eligible = False
+    for entry in nodes.entries():
+        state = entry.state
+        if state not in _ROUTABLE:
+            continue
+        eligible = True
         report = entry.report
-        if report is None or report.stale or entry.state is NodeState.BACKOFF:
+        if report is None or report.stale or state is NodeState.BACKOFF:
             return False
         if report.waiting > max_waiting or report.kv_usage >= kv_usage_below:
             return False
@@ -64,7 +66,7 @@ def engines_have_headroom(
         growth = entry.inflight_requests - (report.running + report.waiting)
         if min(unreported, growth) > max_inflight_growth:
             return False
-    return True
+    return eligible
 
 
 def headroom_signal(nodes: NodeView, config: HeadroomConfig) -> Callable[[], bool]:

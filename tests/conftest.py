@@ -25,8 +25,6 @@ HEAVY_MODULES = frozenset(
         "tests/calibrate/test_calibrate_sim.py",
         "tests/demo/test_demo_cli.py",
         "tests/dashboard/test_dashboard_browser.py",
-        "tests/admission/test_never_hurts_e2e.py",
-        "tests/real_engine/test_admission_never_hurts.py",
         "tests/real_vllm/test_vllm_live.py",
     }
 )

@@ -22,6 +22,8 @@ from kvgate.procs import GatewayProcess, start_engine_process, start_gateway_pro
 from kvgate.report.records import RequestRecord
 from kvgate.workloads import generate_workload
 
+pytestmark = pytest.mark.alone
+
 DURATION_S = 60.0
 RATE = 9.0
 ENGINE_ARGS = ["--decode-ms-per-token", "20", "--prefill-tokens-per-s", "2000"]

@@ -30,9 +30,10 @@ DEPLOY = ROOT / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
 
-# The oldest Kubernetes the manifests are written for (native preStop sleep is on by default
-# from 1.30; InferencePool v1 needs a Gateway API implementation, not a newer cluster).
-KUBERNETES_VERSION = "1.33"
+# The oldest Kubernetes the manifests are written for (the preStop sleep action is on by
+# default from 1.30) and the newest whose schemas the package ships: a field removed since
+# 1.30 fails as surely as one not there yet.
+KUBERNETES_VERSIONS = ("1.30", kubernetes_validate.utils.latest_version())
 
 CRD_SCHEMAS = {
     ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepool.json",
@@ -107,13 +108,16 @@ def schema_errors(doc: dict[str, Any]) -> list[str]:
             f"{'.'.join(str(p) for p in e.absolute_path) or '(root)'}: {e.message}"
             for e in sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path))
         ]
-    try:
-        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
-    except kubernetes_validate.SchemaNotFoundError as exc:
-        return [f"no schema for {doc['apiVersion']} {doc['kind']}: {exc.message}"]
-    except kubernetes_validate.ValidationError as exc:
-        return [f"{'.'.join(str(p) for p in exc.absolute_path) or '(root)'}: {exc.message}"]
-    return []
+    errors = []
+    for version in KUBERNETES_VERSIONS:
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.SchemaNotFoundError as exc:
+            return [f"no schema for {doc['apiVersion']} {doc['kind']}: {exc.message}"]
+        except kubernetes_validate.ValidationError as exc:
+            where = ".".join(str(p) for p in exc.absolute_path) or "(root)"
+            errors.append(f"{where}: {exc.message} (Kubernetes {version})")
+    return errors
 
 
 # -- cross-references -------------------------------------------------------------------

@@ -10,6 +10,7 @@ assert that the check names what it broke.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -361,8 +362,6 @@ def _pod_reference_problems(manifests: list[Manifest]) -> list[str]:
 
 
 def _secret_data(secret: Manifest) -> dict[str, str]:
-    import base64
-
     data = {k: base64.b64decode(v).decode() for k, v in (secret.doc.get("data") or {}).items()}
     data.update(secret.doc.get("stringData") or {})
     return data

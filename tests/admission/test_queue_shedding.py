@@ -68,15 +68,21 @@ def test_a_standing_queue_sheds_interactive_work_after_its_wait() -> None:
     assert shed._sum.get() == pytest.approx(1.4 + 0.5 + 0.25)
 
 
-def test_work_that_drains_before_the_queue_stands_is_admitted() -> None:
+def test_a_queue_empty_for_a_moment_between_arrivals_still_stands() -> None:
     core, clock = full_core(Room(False))
+    t0 = clock.now()
     item = queued(core, clock).ticket
-    assert item.sheds and item.deadline == pytest.approx(clock.now() + 1.0)
+    assert item.sheds and item.deadline == pytest.approx(t0 + 1.0)
     clock.advance(0.9)
     assert core.expire(clock.now()) == []
-    core.queue.remove(item)  # it left (admitted or cancelled): the queue is empty again
-    again = queued(core, clock).ticket  # a new backlog: a new second before it stands
-    assert again.deadline == pytest.approx(clock.now() + 1.0)
+    core.queue.remove(item)  # it left (admitted or cancelled): the queue is empty
+    clock.advance(0.5)  # the next arrival comes < 1 s after the last: the same episode
+    again = queued(core, clock).ticket
+    assert again.deadline == pytest.approx(clock.now() + 0.25)
+    core.queue.remove(again)
+    clock.advance(1.0)  # a quiet second: a new backlog, a new second before it stands
+    fresh = queued(core, clock).ticket
+    assert fresh.deadline == pytest.approx(clock.now() + 1.0)
 
 
 @pytest.mark.parametrize(

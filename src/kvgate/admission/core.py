@@ -89,6 +89,7 @@ class AdmissionCore:
             quantum_tokens=config.queue.quantum_tokens,
             weight=lambda t: self.book.quota_for(t).weight,
             long_threshold=config.queue.long_request_threshold_tokens,
+            episode_gap_s=config.queue.standing_after_s,
         )
         self.overcommit = Overcommit(config.overcommit, self.metrics)
         self.decisions = DecisionCounter(self.metrics)
@@ -281,7 +282,7 @@ class AdmissionCore:
         """When this request stops waiting if its tenant's queue stands (never empties)
         until then: work that waits longer in a saturated cluster misses its class's
         TTFT, and the client had better hear 429 and retry. The tenant's queue has been
-        busy since ``backlog_since`` (now, if empty) and stays busy while this waits."""
+        busy since ``backlog_since`` and stays busy while this waits."""
         limit = self.config.queue.standing_wait_s.get(req.priority_class)
         if limit is None or not self.flags.enabled("queue_shedding"):
             return None
@@ -290,8 +291,7 @@ class AdmissionCore:
         cap = self.book.quota_for(req.tenant).hard_cap
         if cap is not None and self.link.usage.get(req.tenant, 0) + tokens > cap:
             return None  # the tenant's own cap holds it: it waits its deadline, as configured
-        since = self.queue.backlog_since(req.tenant)
-        standing_at = (now if since is None else since) + self.config.queue.standing_after_s
+        standing_at = self.queue.backlog_since(req.tenant, now) + self.config.queue.standing_after_s
         return max(standing_at, now + limit)
 
     def _degrade_mode(self, req: AdmissionRequest) -> str | None:

@@ -39,7 +39,8 @@ class _TenantQueue:
     items: deque[QueuedRequest] = field(default_factory=deque)
     tokens: int = 0
     deficit: float = 0.0
-    backlog_since: float | None = None  # when it last went from empty to non-empty
+    backlog_since: float | None = None  # when its current backlog episode began
+    busy_at: float | None = None  # the last time it was seen holding work
 
 
 class AdmissionQueue:
@@ -50,8 +51,10 @@ class AdmissionQueue:
         quantum_tokens: int,
         weight: Callable[[str], float],
         long_threshold: int = 2048,
+        episode_gap_s: float = 1.0,
     ) -> None:
         self.long_threshold = long_threshold
+        self._episode_gap = episode_gap_s
         self._max_tokens = max_tokens_per_tenant
         self._quantum = quantum_tokens
         self._weight = weight
@@ -65,15 +68,22 @@ class AdmissionQueue:
 
     def push(self, item: QueuedRequest) -> None:
         q = self._queues.setdefault(item.tenant, _TenantQueue())
-        if not q.items:
-            q.backlog_since = item.enqueued_at
+        q.backlog_since = self.backlog_since(item.tenant, item.enqueued_at)
+        q.busy_at = item.enqueued_at
         q.items.append(item)
         q.tokens += item.tokens
 
-    def backlog_since(self, tenant: str) -> float | None:
-        """Since when ``tenant``'s queue has had work in it without a break; None if empty."""
+    def backlog_since(self, tenant: str, now: float) -> float:
+        """When the backlog episode of ``tenant``'s queue began, for work arriving at
+        ``now``: a moment empty is no break when work comes back within
+        ``episode_gap_s`` of when the queue was last seen holding work (a push, or an
+        ``expire`` while it held some); else the episode begins ``now``."""
         q = self._queues.get(tenant)
-        return q.backlog_since if q is not None and q.items else None
+        if q is None or q.backlog_since is None or q.busy_at is None:
+            return now
+        if q.items or now - q.busy_at < self._episode_gap:
+            return q.backlog_since
+        return now
 
     def _pop_head(self, q: _TenantQueue) -> QueuedRequest:
         item = q.items.popleft()
@@ -130,6 +140,8 @@ class AdmissionQueue:
         """Remove and return requests whose deadline has passed (deadline <= now)."""
         expired: list[QueuedRequest] = []
         for q in self._queues.values():
+            if q.items:
+                q.busy_at = now
             keep: deque[QueuedRequest] = deque()
             for item in q.items:
                 (expired if item.deadline <= now else keep).append(item)

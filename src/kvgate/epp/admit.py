@@ -1,0 +1,159 @@
+"""A request Envoy holds, as ``kvgate serve`` reads it: tenant, route, flow, admission.
+
+The same steps and helpers as ``kvgate.gateway.handlers`` (body checks, tenant from the
+API key, class and priority within what the key allows, model resolution, route key
+from the prompt), ending in a pipeline ``Flow`` admitted by the same admission
+controller. Every refusal is an ``ApiError``, answered as serve answers it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from kvgate.admission.config import TenantConfig
+from kvgate.admission.tenants import NotAllowed
+from kvgate.gateway.admission_http import admission_header, not_allowed_error, rejection_error
+from kvgate.gateway.body import parse_json_object, validate_generation
+from kvgate.gateway.errors import ApiError
+from kvgate.gateway.gateway import Gateway
+from kvgate.gateway.handlers import (
+    CLASS_HEADER,
+    ENDPOINT_PATHS,
+    _model_for,
+    identify_tenant,
+    requested_priority,
+)
+from kvgate.gateway.usage import client_wants_usage, with_usage_requested
+from kvgate.pipeline import Flow
+from kvgate.prompts import PromptError
+from kvgate.routing import build_route_request
+from kvgate.types import AdmissionKind, AdmissionRequest, AdmissionResult
+
+ENDPOINTS = {path: endpoint for endpoint, path in ENDPOINT_PATHS.items()}
+_IDS = random.Random()
+
+
+@dataclass(frozen=True, slots=True)
+class _Headers:
+    """What the handlers' tenant and priority helpers read of a request: its headers."""
+
+    headers: CIMultiDictProxy[str]
+
+
+def as_request(headers: Mapping[str, str]) -> web.Request:
+    """Envoy's request headers where a handler helper takes an aiohttp request."""
+    return cast(web.Request, _Headers(CIMultiDictProxy(CIMultiDict(headers))))
+
+
+def request_id(headers: Mapping[str, str]) -> str:
+    return headers.get("x-request-id") or f"req-{_IDS.getrandbits(64):016x}"
+
+
+def authenticate(gateway: Gateway, headers: Mapping[str, str]) -> TenantConfig:
+    """The caller's tenant (401 unknown key, 403 a tenant header the key does not match)."""
+    return cast(TenantConfig, identify_tenant(gateway, as_request(headers)))
+
+
+@dataclass(slots=True)
+class Admitted:
+    """A request the pipeline let in: its flow and the bytes Envoy sends upstream."""
+
+    flow: Flow
+    result: AdmissionResult
+    body: bytes
+    stream: bool
+    strip_usage: bool  # usage was added for kvgate's own accounting: the client gets none
+
+
+def start_flow(
+    gateway: Gateway,
+    tenant: TenantConfig,
+    headers: Mapping[str, str],
+    endpoint: str,
+    raw: bytes,
+    rid: str,
+) -> tuple[Flow, dict[str, Any], bool]:
+    """Parse and check the body, build the route and start the request's flow:
+    (flow, the body to send, whether it differs from the client's bytes)."""
+    body = parse_json_object(raw)
+    validate_generation(body, endpoint)
+    request = as_request(headers)
+    try:
+        priority = gateway.tenants.resolve_priority(tenant, requested_priority(request, body))
+        priority_class = gateway.tenants.resolve_class(tenant, headers.get(CLASS_HEADER.lower()))
+    except NotAllowed as exc:
+        raise not_allowed_error(exc) from None
+    model = _model_for(gateway, body)
+    try:
+        route = build_route_request(
+            body,
+            endpoint=endpoint,
+            headers=request.headers,
+            request_id=rid,
+            tenant=tenant.name,
+            priority=priority,
+            config=gateway.config.routing.route_key,
+            model=model,
+            engine_hashes=(gateway.kv_events.engine_hashes if gateway.kv_events.hashers else None),
+        )
+    except PromptError as exc:
+        text = str(exc)
+        param = text.split(" ", 1)[0] if text else None
+        raise ApiError(400, text, param=param, code="invalid_prompt") from None
+    changed = body.get("model") != model
+    if changed:  # "default" (or none) names the served model upstream
+        body = {**body, "model": model}
+    flow = gateway.pipeline.start(
+        route,
+        AdmissionRequest(
+            request_id=rid,
+            tenant=tenant.name,
+            priority_class=priority_class,
+            prompt_tokens=route.prompt_tokens,
+            max_tokens=body.get("max_completion_tokens") or body.get("max_tokens"),
+            wants_async=False,
+            model=model,
+            stream=body.get("stream") is True,
+        ),
+        priority_min=tenant.priority_min,
+    )
+    return flow, body, changed
+
+
+async def admit(
+    gateway: Gateway, flow: Flow, body: dict[str, Any], raw: bytes, changed: bool
+) -> Admitted:
+    """Admission's answer (it may wait in the queue); ApiError for a rejection."""
+    result = await gateway.pipeline.admit(flow)
+    if result.kind is AdmissionKind.REJECT:
+        raise rejection_error(result)
+    assert flow.admission_request is not None
+    if flow.admission_request.max_tokens is None and result.output_bound:
+        # the reservation covers this many output tokens: the engine must not exceed it
+        body, changed = {**body, "max_tokens": result.output_bound}, True
+    stream = body.get("stream") is True
+    strip_usage = False
+    if stream and not client_wants_usage(body):
+        # usage (cached tokens, exact counts) feeds hit feedback; the client never sees it
+        body, changed, strip_usage = with_usage_requested(body), True, True
+    out = json.dumps(body, ensure_ascii=False).encode() if changed else raw
+    return Admitted(flow, result, out, stream, strip_usage)
+
+
+def admission_headers(flow: Flow) -> dict[str, str]:
+    """The X-KVGate-* headers known about a flow at this point."""
+    headers: dict[str, str] = {}
+    if flow.admission is not None:
+        headers["X-KVGate-Admission"] = admission_header(flow.admission)
+    if flow.decision is not None:
+        headers["X-KVGate-Node"] = flow.decision.node_id
+        headers["X-KVGate-Route-Reason"] = flow.decision.reason
+        headers["X-KVGate-Expected-Cached-Tokens"] = str(flow.decision.expected_cached_tokens)
+    return headers

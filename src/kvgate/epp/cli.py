@@ -17,6 +17,7 @@ from typing import Any
 
 from kvgate.adapters import ENGINE_TYPES
 from kvgate.cli import add_flag_option, add_log_level, configure_logging
+from kvgate.routing.policies import policy_names
 
 DEFAULT_GRPC_PORT = 9002
 DEFAULT_HTTP_PORT = 9003
@@ -42,9 +43,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend", action="append", default=[], metavar="URL", help="engine base URL; repeat"
     )
-    parser.add_argument("--engine-type", default=None, choices=ENGINE_TYPES)
+    parser.add_argument(
+        "--engine-type",
+        default=None,
+        choices=ENGINE_TYPES,
+        help="engine type of --backend nodes (default: from the config, else vllm)",
+    )
     parser.add_argument("--model", default=None, help="model of --backend nodes (else discovered)")
-    parser.add_argument("--policy", help="routing policy (default: the config's, else hybrid)")
+    parser.add_argument(
+        "--policy",
+        help="routing policy (default: the config's, else hybrid): "
+        + ", ".join(sorted(policy_names())),
+    )
     parser.add_argument("--store", help="memory:// | redis://h:p | etcd://h:p | redis://…,etcd://…")
     parser.add_argument("--admin-token", help="token for /admin and /dashboard")
     parser.add_argument("--gateway-id", help="this replica's id (default host:http-port)")

@@ -305,9 +305,7 @@ class RequestPipeline:
     def _route(self, flow: Flow) -> RouteDecision:
         ejected = self.outlier.ejected()
         try:
-            return self.router.route(
-                flow.route, exclude=ejected.union(flow.tried, flow.ineligible)
-            )
+            return self.router.route(flow.route, exclude=ejected.union(flow.tried, flow.ineligible))
         except NoNodeAvailable as exc:
             error = exc
         if not flow.attempts and ejected:

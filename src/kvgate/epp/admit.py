@@ -18,6 +18,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from kvgate.admission.config import TenantConfig
+from kvgate.admission.queue import QueuedRequest
 from kvgate.admission.tenants import NotAllowed
 from kvgate.gateway.admission_http import admission_header, not_allowed_error, rejection_error
 from kvgate.gateway.body import parse_json_object, validate_generation
@@ -132,6 +133,11 @@ async def admit(
 ) -> Admitted:
     """Admission's answer (it may wait in the queue); ApiError for a rejection."""
     result = await gateway.pipeline.admit(flow)
+    if flow.run_async and isinstance(result.ticket, QueuedRequest):
+        # degraded to async work: through Envoy it waits in the queue for its turn and is
+        # then answered on this stream (no job: the client's connection is still open)
+        result = await gateway.admission.until_admitted(result)
+        gateway.pipeline.accept(flow, result)
     if result.kind is AdmissionKind.REJECT:
         raise rejection_error(result)
     assert flow.admission_request is not None

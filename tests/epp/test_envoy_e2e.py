@@ -292,3 +292,30 @@ async def test_subset_hint_picks_only_allowed_endpoints(stack: Stack) -> None:
                     await r.read()
     finally:
         envoy.stop()
+
+
+async def test_two_pickers_share_one_quota_through_redis(stack: Stack, fresh_redis_server) -> None:
+    config = {**_config(stack.engines), "store": fresh_redis_server.url}
+    pickers = [start_epp_process(config=config) for _ in range(2)]
+    envoys = [start_envoy(picker_port=p.grpc_port) for p in pickers]
+    try:
+        async with aiohttp.ClientSession() as s:
+            holder = await s.post(
+                envoys[0].url + "/v1/chat/completions",
+                json=chat("hold", stream=True, max_tokens=HOLD_TOKENS),
+                headers=TINY,
+            )
+            assert holder.status == 200
+            await holder.content.readuntil(b"\n\n")
+            # the other picker sees the tenant's reservation: over the cap there too
+            async with s.post(
+                envoys[1].url + "/v1/chat/completions",
+                json=chat("more", max_tokens=1000),
+                headers=TINY,
+            ) as r:
+                assert r.status == 429
+                assert _error(await r.json())["type"] == "rate_limit_error"
+            holder.close()
+    finally:
+        for proc in [*envoys, *pickers]:
+            proc.stop()

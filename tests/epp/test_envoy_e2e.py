@@ -114,6 +114,12 @@ async def _until(
         await asyncio.sleep(0.1)
 
 
+async def _early_ends(s: aiohttp.ClientSession, epp: EppProcess) -> float:
+    """Streams that ended before their answer did (Envoy closed them, or they broke)."""
+    ended = await _metric(s, epp, "kvgate_epp_streams_total", 'end="ended_early"')
+    return ended + await _metric(s, epp, "kvgate_epp_streams_total", 'end="cancelled"')
+
+
 def _error(payload: dict[str, Any]) -> dict[str, Any]:
     error = payload["error"]
     assert set(error) >= {"message", "type", "code"}
@@ -199,7 +205,7 @@ async def test_bad_input_and_auth_get_openai_errors(stack: Stack) -> None:
 async def test_over_the_cap_is_429_and_an_abort_releases_its_reservation(stack: Stack) -> None:
     url = stack.envoy.url + "/v1/chat/completions"
     async with aiohttp.ClientSession() as s:
-        ended_before = await _metric(s, stack.epp, "kvgate_epp_streams_total", 'end="ended_early"')
+        ended_before = await _early_ends(s, stack.epp)
         holder = await s.post(
             url, json=chat("hold", stream=True, max_tokens=HOLD_TOKENS), headers=TINY
         )
@@ -214,9 +220,7 @@ async def test_over_the_cap_is_429_and_an_abort_releases_its_reservation(stack: 
             assert _error(await r.json())["type"] == "rate_limit_error"
         holder.close()  # the client leaves mid-stream: Envoy resets, the picker releases
         assert await _until(s, stack.epp, USED_TINY, lambda v: v == 0)
-        ended = await _metric(s, stack.epp, "kvgate_epp_streams_total", 'end="ended_early"')
-        cancelled = await _metric(s, stack.epp, "kvgate_epp_streams_total", 'end="cancelled"')
-        assert ended + cancelled > ended_before  # released by the abort, not by the end
+        assert await _early_ends(s, stack.epp) > ended_before  # by the abort, not the end
         async with s.post(url, json=chat("again", max_tokens=1000), headers=TINY) as r:
             assert r.status == 200  # the cap has room again
 
@@ -319,3 +323,26 @@ async def test_two_pickers_share_one_quota_through_redis(stack: Stack, fresh_red
     finally:
         for proc in [*envoys, *pickers]:
             proc.stop()
+
+
+async def test_a_broken_grpc_stream_releases_its_reservation(stack: Stack) -> None:
+    """Envoy dies mid-answer: the picker's stream is cancelled and gives the tokens back."""
+    envoy = start_envoy(picker_port=stack.epp.grpc_port)
+    try:
+        async with aiohttp.ClientSession() as s:
+            before = await _early_ends(s, stack.epp)
+            holder = await s.post(
+                envoy.url + "/v1/chat/completions",
+                json=chat("hold", stream=True, max_tokens=HOLD_TOKENS),
+                headers=TINY,
+            )
+            assert holder.status == 200
+            await holder.content.readuntil(b"\n\n")
+            assert await _until(s, stack.epp, USED_TINY, lambda v: v > 0)
+            envoy.kill()  # SIGKILL: the gRPC connection to the picker breaks
+            holder.close()
+            assert await _until(s, stack.epp, USED_TINY, lambda v: v == 0)
+            # a dead peer reads as the stream's end (or its cancellation), answer unfinished
+            assert await _early_ends(s, stack.epp) > before
+    finally:
+        envoy.stop()

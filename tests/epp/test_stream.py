@@ -212,3 +212,24 @@ async def test_over_the_hard_cap_is_429_with_retry_after(engine: EngineProcess) 
         await s.close(cancelled=False)
     finally:
         await gw.stop()
+
+
+async def test_a_queue_deadline_is_408(engine: EngineProcess) -> None:
+    cfg = _config(engine, queue={"max_queue_tokens": 1000, "class_deadlines_s": {"interactive": 0}})
+    cfg["admission"]["tenants"][0]["hard_cap"] = 80  # one request (50 tokens) fits
+    gw = Gateway(parse_config(cfg), registry=CollectorRegistry())
+    await gw.start()
+    try:
+        holder = _stream(gw)
+        await holder.handle(frames.post(CHAT, "k-acme"))
+        await holder.handle(frames.body(_chat(), end_of_stream=True))
+        s = _stream(gw)
+        await s.handle(frames.post(CHAT, "k-acme"))
+        out = await s.handle(frames.body(_chat(), end_of_stream=True))
+        status, body = _error(out[0])
+        assert status == 408
+        assert body["error"]["type"] == "timeout_error"
+        await holder.close(cancelled=False)
+        await s.close(cancelled=False)
+    finally:
+        await gw.stop()

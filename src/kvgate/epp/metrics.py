@@ -13,8 +13,8 @@ class EppMetrics:
             "kvgate_epp_streams",
             "ext_proc streams from Envoy, by how they ended: completed (the answer went "
             "through), answered (the picker answered: an error or /v1/models), "
-            "ended_early (Envoy closed the stream before the answer ended: a client reset "
-            "or an upstream reset), cancelled (the gRPC stream broke)",
+            "ended_early (the stream ended before the answer did: a client reset, an "
+            "upstream reset, Envoy gone), cancelled (the gRPC call was cancelled or failed)",
             ["end"],
             registry=registry,
         )

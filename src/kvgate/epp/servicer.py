@@ -32,10 +32,11 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                     yield response
                 if stream.end == "answered":  # an ImmediateResponse ends Envoy's side
                     return
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, grpc.RpcError):
             cancelled = True
             raise
         finally:
+            cancelled = cancelled or context.cancelled()
             # shielded: a second cancellation must not leave a reservation held
             await asyncio.shield(stream.close(cancelled=cancelled))
 

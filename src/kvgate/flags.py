@@ -56,6 +56,11 @@ FLAG_SPECS: tuple[FlagSpec, ...] = (
         "admission holds work by its own limits even while every engine reports headroom, "
         "and its limits may shrink while the engines are idle",
     ),
+    FlagSpec(
+        "queue_shedding",
+        "queued work waits until its class deadline even while the queue stands "
+        "(engines saturated), instead of a 429 after the class's standing_wait_s",
+    ),
     FlagSpec("dynamic_quota", "the cluster total stays at its configured value"),
     FlagSpec("degrade", "over-quota work is queued or rejected, never degraded"),
     FlagSpec(

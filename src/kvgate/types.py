@@ -119,6 +119,7 @@ class RejectReason(StrEnum):
     QUEUE_FULL = "queue_full"  # over quota and the tenant's queue is full
     DEADLINE = "deadline"  # waited in the queue past its deadline
     STORE_UNAVAILABLE = "store_unavailable"  # fail-closed while the shared store is down
+    OVERLOADED = "overloaded"  # waited its class's limit in a standing queue (engines saturated)
 
 
 @dataclass(slots=True)

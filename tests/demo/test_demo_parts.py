@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from kvgate.demo.cli import VARIANTS
+from kvgate.demo.cli import VARIANTS, gateway_config
 from kvgate.demo.live import plain_lines, with_real_address
 from kvgate.demo.table import comparison_rows
+from kvgate.gateway.config import parse_config
 from kvgate.loadgen.runner import BenchProgress
 from kvgate.prompts import stable_prefix
 from kvgate.workloads import generate_workload
@@ -64,3 +65,14 @@ def test_comparison_rows_give_candidate_over_baseline() -> None:
     assert rows["token hit rate"]["ratio"] == 2.5
     assert rows["rejected (429/408/503)"]["ratio"] is None  # no ratio against zero
     assert rows["completed"]["rr"] == rows["completed"]["hy"] == 10
+
+
+def test_the_demo_runs_kvgate_serves_admission_defaults() -> None:
+    """Beyond its two tenants, the demo's gateway config sets no admission knob: what it
+    shows is what ``kvgate serve`` does out of the box."""
+    config = parse_config(gateway_config(["http://127.0.0.1:1"], "hybrid", admission=True))
+    defaults = parse_config({"nodes": [{"id": "n", "url": "http://127.0.0.1:1"}]})
+    shown = config.admission.model_dump(exclude={"tenants"})
+    assert shown == defaults.admission.model_dump(exclude={"tenants"})
+    assert [t.name for t in config.admission.tenants] == ["interactive", "batch"]
+    assert config.flags == defaults.flags | {"admission": True}

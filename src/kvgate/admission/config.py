@@ -58,6 +58,23 @@ class QueueConfig(_Strict):
     long_request_reserved_fraction: float = Field(default=0.10, ge=0, lt=1)
     long_request_threshold_tokens: int = Field(default=2048, ge=1)
     quantum_tokens: int = Field(default=1024, ge=1, description="DRR quantum per round")
+    standing_after_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="a tenant's queue never empty for this long is standing (engines saturated)",
+    )
+    standing_wait_s: dict[str, float] = Field(
+        default={"interactive": 0.25},
+        description="class → longest wait in a standing queue, then 429 overloaded; "
+        "classes not listed wait until their deadline",
+    )
+
+    @model_validator(mode="after")
+    def _waits(self) -> QueueConfig:
+        for name, wait in self.standing_wait_s.items():
+            if wait <= 0:
+                raise ValueError(f"standing_wait_s.{name} must be > 0")
+        return self
 
     def deadline_for(self, priority_class: str) -> float:
         return self.class_deadlines_s.get(priority_class, self.default_deadline_s)

@@ -234,13 +234,16 @@ class AdmissionCore:
             if degrade_to == "async"
             else self.config.queue.deadline_for(req.priority_class)
         )
+        deadline = now + wait
+        shed_at = None if degrade_to == "async" else self._shed_at(req, tokens, now)
         item = QueuedRequest(
             req,
             tokens,
             enqueued_at=now,
-            deadline=now + wait,
+            deadline=deadline if shed_at is None else min(deadline, shed_at),
             is_long=tokens >= self.queue.long_threshold,
             degrade_to=degrade_to,
+            sheds=shed_at is not None and shed_at < deadline,
         )
         self.queue.push(item)
         self.refused += 1
@@ -273,6 +276,23 @@ class AdmissionCore:
         if self.gate.allows(req.prompt_tokens, req.priority_class):
             return False
         return not self.headroom.overrule("prefill_gate", now)
+
+    def _shed_at(self, req: AdmissionRequest, tokens: int, now: float) -> float | None:
+        """When this request stops waiting if its tenant's queue stands (never empties)
+        until then: work that waits longer in a saturated cluster misses its class's
+        TTFT, and the client had better hear 429 and retry. The tenant's queue has been
+        busy since ``backlog_since`` (now, if empty) and stays busy while this waits."""
+        limit = self.config.queue.standing_wait_s.get(req.priority_class)
+        if limit is None or not self.flags.enabled("queue_shedding"):
+            return None
+        if not self.headroom.engines_saturated():
+            return None  # the queue stands by the tenants' quotas, not the engines' speed
+        cap = self.book.quota_for(req.tenant).hard_cap
+        if cap is not None and self.link.usage.get(req.tenant, 0) + tokens > cap:
+            return None  # the tenant's own cap holds it: it waits its deadline, as configured
+        since = self.queue.backlog_since(req.tenant)
+        standing_at = (now if since is None else since) + self.config.queue.standing_after_s
+        return max(standing_at, now + limit)
 
     def _degrade_mode(self, req: AdmissionRequest) -> str | None:
         if not self.flags.enabled("degrade"):
@@ -340,10 +360,20 @@ class AdmissionCore:
         """Queued requests whose deadline passed (deadline <= now) → rejected, in ``outcome``."""
         expired = self.queue.expire(now)
         for item in expired:
-            self._dequeued(item, now, "deadline")
-            item.outcome = self._reject(
-                item.tenant, RejectReason.DEADLINE, queued_seconds=now - item.enqueued_at
-            )
+            waited = now - item.enqueued_at
+            if item.sheds:
+                self._dequeued(item, now, "shed")
+                item.outcome = self._reject(
+                    item.tenant,
+                    RejectReason.OVERLOADED,
+                    queued_seconds=waited,
+                    retry_after_s=self.config.queue.standing_after_s,
+                )
+            else:
+                self._dequeued(item, now, "deadline")
+                item.outcome = self._reject(
+                    item.tenant, RejectReason.DEADLINE, queued_seconds=waited
+                )
         return expired
 
     def cancel(self, item: QueuedRequest, now: float) -> None:

@@ -48,6 +48,10 @@ class HeadroomGuard:
             self._last_hold = None  # the engines are busy: this episode is over
         return room
 
+    def engines_saturated(self) -> bool:
+        """The engines report no headroom (False without a signal: nothing is known)."""
+        return self.signal is not None and not self.signal()
+
     def overrule(self, reason: str, now: float) -> bool:
         """A limit would hold a request back: True (admit it) while the engines have room."""
         if not self.engines_have_room():

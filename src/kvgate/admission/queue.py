@@ -25,6 +25,7 @@ class QueuedRequest:
     deadline: float
     is_long: bool
     degrade_to: str | None = None  # async work waits here too; it is dispatched from here
+    sheds: bool = False  # its deadline is the standing-queue wait: expiring is "overloaded"
     handle: Any = None  # the live controller's future
     outcome: Any = None  # set when admitted or expired (an AdmissionResult)
 
@@ -38,6 +39,7 @@ class _TenantQueue:
     items: deque[QueuedRequest] = field(default_factory=deque)
     tokens: int = 0
     deficit: float = 0.0
+    backlog_since: float | None = None  # when it last went from empty to non-empty
 
 
 class AdmissionQueue:
@@ -63,8 +65,15 @@ class AdmissionQueue:
 
     def push(self, item: QueuedRequest) -> None:
         q = self._queues.setdefault(item.tenant, _TenantQueue())
+        if not q.items:
+            q.backlog_since = item.enqueued_at
         q.items.append(item)
         q.tokens += item.tokens
+
+    def backlog_since(self, tenant: str) -> float | None:
+        """Since when ``tenant``'s queue has had work in it without a break; None if empty."""
+        q = self._queues.get(tenant)
+        return q.backlog_since if q is not None and q.items else None
 
     def _pop_head(self, q: _TenantQueue) -> QueuedRequest:
         item = q.items.popleft()

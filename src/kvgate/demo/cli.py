@@ -75,7 +75,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def gateway_config(urls: list[str], policy: str, admission: bool) -> dict[str, Any]:
-    """Two tenants: interactive users with a big guarantee, batch jobs with a small one."""
+    """Two tenants: interactive users with a big guarantee, batch jobs with a small one.
+
+    Everything else is ``kvgate serve``'s defaults (dynamic total, prefill gate, queue,
+    headroom fail-open): the demo shows what a new deployment gets. The guarantees are
+    fractions, so they follow the dynamic total."""
     return {
         "server": {"host": "127.0.0.1", "port": 0},
         "nodes": [
@@ -84,21 +88,18 @@ def gateway_config(urls: list[str], policy: str, admission: bool) -> dict[str, A
         ],
         "routing": {"policy": policy, "scrape_interval_s": 1.0},
         "admission": {
-            "total_quota": 16000,
-            "queue": {"class_deadlines_s": {"batch": 4.0}, "max_queue_tokens": 6000},
             "tenants": [
                 {
                     "name": "interactive",
                     "api_keys": [API_KEYS["interactive"]],
-                    "guaranteed": 9000,
+                    "guaranteed_fraction": 0.5,
                     "weight": 3,
                 },
                 {
                     "name": "batch",
                     "api_keys": [API_KEYS["batch"]],
-                    "guaranteed": 2000,
+                    "guaranteed_fraction": 0.1,
                     "weight": 1,
-                    "hard_cap": 6000,
                     "default_class": "batch",
                 },
             ],

@@ -23,6 +23,8 @@ _MESSAGES: dict[str, str] = {
     RejectReason.DEADLINE: "request timed out in the admission queue",
     RejectReason.STORE_UNAVAILABLE: "admission unavailable (quota store down); retry later",
     RejectReason.QUEUE_FULL: "over quota (queue_full); retry later",
+    RejectReason.OVERLOADED: "the engines are saturated: the request waited as long as its "
+    "class may in the admission queue (overloaded); retry later",
 }
 
 

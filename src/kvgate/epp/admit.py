@@ -21,7 +21,7 @@ from kvgate.admission.config import TenantConfig
 from kvgate.admission.queue import QueuedRequest
 from kvgate.admission.tenants import NotAllowed
 from kvgate.gateway.admission_http import admission_header, not_allowed_error, rejection_error
-from kvgate.gateway.body import parse_json_object, validate_generation
+from kvgate.gateway.body import ACCEPTED_ENCODINGS, _decode, parse_json_object, validate_generation
 from kvgate.gateway.errors import ApiError
 from kvgate.gateway.gateway import Gateway
 from kvgate.gateway.handlers import (
@@ -60,6 +60,25 @@ def request_id(headers: Mapping[str, str]) -> str:
 def authenticate(gateway: Gateway, headers: Mapping[str, str]) -> TenantConfig:
     """The caller's tenant (401 unknown key, 403 a tenant header the key does not match)."""
     return cast(TenantConfig, identify_tenant(gateway, as_request(headers)))
+
+
+def decode_body(raw: bytes, headers: Mapping[str, str], limit: int) -> tuple[bytes, bool]:
+    """(the body without its Content-Encoding, whether it had one), as serve reads it:
+    415 for a coding other than gzip/deflate/identity, 400 for bytes that do not decode."""
+    names = [n.strip().lower() for n in headers.get("content-encoding", "").split(",")]
+    names = [n for n in names if n]
+    for name in names:
+        if name not in ACCEPTED_ENCODINGS:
+            raise ApiError(
+                415,
+                f"unsupported Content-Encoding {name!r}; use gzip, deflate or none",
+                param="Content-Encoding",
+                code="unsupported_encoding",
+            )
+    codings = [n for n in names if n != "identity"]
+    for name in reversed(codings):
+        raw = _decode(raw, name, limit)
+    return raw, bool(codings)
 
 
 @dataclass(slots=True)

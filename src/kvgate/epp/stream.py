@@ -34,6 +34,7 @@ from kvgate.epp.admit import (
     admission_headers,
     admit,
     authenticate,
+    decode_body,
     request_id,
     start_flow,
 )
@@ -188,7 +189,9 @@ class EppStream:
         """Admit and route the whole request; the answers that send it on its way."""
         assert self.endpoint is not None and self.tenant is not None
         gateway = self.gateway
-        raw = b"".join(self._chunks)
+        raw, encoded = decode_body(
+            b"".join(self._chunks), self.headers, gateway.config.server.max_body_bytes
+        )
         self._chunks = []
         waited = time.perf_counter()
         flow, body, changed = start_flow(
@@ -216,7 +219,9 @@ class EppStream:
         self.decided = True
         self.metrics.decision_seconds.observe(time.perf_counter() - waited)
         mutation = msg.header_mutation(
-            {msg.DESTINATION_HEADER: endpoint, "content-length": str(len(admitted.body))}
+            {msg.DESTINATION_HEADER: endpoint, "content-length": str(len(admitted.body))},
+            # the engine gets the decoded body, as from serve
+            remove=["content-encoding"] if encoded else (),
         )
         metadata = msg.destination_metadata(endpoint)
         if self.request_mode == msg.FULL_DUPLEX:

@@ -157,6 +157,11 @@ async def test_chat_and_completions_stream_and_not(stack: Stack) -> None:
         ) as r:
             assert r.status == 200
             assert (await r.text()).rstrip().endswith("data: [DONE]")
+        embed = {"model": "sim", "input": ["one text", "another"]}
+        async with s.post(url + "/v1/embeddings", json=embed, headers=ACME) as r:
+            assert r.status == 200, await r.text()
+            assert r.headers["X-KVGate-Route-Reason"]  # by least load, as serve routes it
+            assert len((await r.json())["data"]) == 2
         async with s.get(url + "/v1/models", headers=ACME) as r:
             assert r.status == 200
             assert [m["id"] for m in (await r.json())["data"]] == ["sim"]

@@ -27,17 +27,22 @@ from kvgate.gateway.gateway import Gateway
 from kvgate.gateway.handlers import (
     CLASS_HEADER,
     ENDPOINT_PATHS,
+    _check_served,
     _model_for,
     identify_tenant,
     requested_priority,
 )
+from kvgate.gateway.surface import SURFACE_KINDS, input_tokens, surface_route
 from kvgate.gateway.usage import client_wants_usage, with_usage_requested
 from kvgate.pipeline import Flow
 from kvgate.prompts import PromptError
 from kvgate.routing import build_route_request
-from kvgate.types import AdmissionKind, AdmissionRequest, AdmissionResult
+from kvgate.types import AdmissionKind, AdmissionRequest, AdmissionResult, RouteRequest
 
-ENDPOINTS = {path: endpoint for endpoint, path in ENDPOINT_PATHS.items()}
+# request path → request kind: chat and completions, and the non-generation surfaces
+ENDPOINTS = {path: endpoint for endpoint, path in ENDPOINT_PATHS.items()} | {
+    path: surface.kind for surface in SURFACE_KINDS for path in surface.paths
+}
 _IDS = random.Random()
 
 
@@ -97,13 +102,19 @@ def start_flow(
     tenant: TenantConfig,
     headers: Mapping[str, str],
     endpoint: str,
+    path: str,
     raw: bytes,
     rid: str,
 ) -> tuple[Flow, dict[str, Any], bool]:
     """Parse and check the body, build the route and start the request's flow:
     (flow, the body to send, whether it differs from the client's bytes)."""
     body = parse_json_object(raw)
-    validate_generation(body, endpoint)
+    generation = endpoint in ENDPOINT_PATHS
+    surface_tokens = 0
+    if generation:
+        validate_generation(body, endpoint)
+    else:
+        surface_tokens = input_tokens(endpoint, body)
     request = as_request(headers)
     try:
         priority = gateway.tenants.resolve_priority(tenant, requested_priority(request, body))
@@ -111,8 +122,54 @@ def start_flow(
     except NotAllowed as exc:
         raise not_allowed_error(exc) from None
     model = _model_for(gateway, body)
+    if not generation:
+        _check_served(gateway, endpoint, path, model)
+        route = surface_route(
+            endpoint,
+            request_id=rid,
+            model=model,
+            prompt_tokens=surface_tokens,
+            tenant=tenant.name,
+            priority=priority,
+        )
+    else:
+        route = _generation_route(gateway, body, endpoint, request, rid, tenant, priority, model)
+    changed = body.get("model") != model
+    if changed:  # "default" (or none) names the served model upstream
+        body = {**body, "model": model}
+    # a non-generation request holds its input only: no decode is reserved
+    client_bound = (
+        (body.get("max_completion_tokens") or body.get("max_tokens")) if generation else 0
+    )
+    flow = gateway.pipeline.start(
+        route,
+        AdmissionRequest(
+            request_id=rid,
+            tenant=tenant.name,
+            priority_class=priority_class,
+            prompt_tokens=route.prompt_tokens,
+            max_tokens=client_bound,
+            wants_async=False,
+            model=model,
+            stream=generation and body.get("stream") is True,
+        ),
+        priority_min=tenant.priority_min,
+    )
+    return flow, body, changed
+
+
+def _generation_route(
+    gateway: Gateway,
+    body: dict[str, Any],
+    endpoint: str,
+    request: web.Request,
+    rid: str,
+    tenant: TenantConfig,
+    priority: int,
+    model: str,
+) -> RouteRequest:
     try:
-        route = build_route_request(
+        return build_route_request(
             body,
             endpoint=endpoint,
             headers=request.headers,
@@ -127,24 +184,6 @@ def start_flow(
         text = str(exc)
         param = text.split(" ", 1)[0] if text else None
         raise ApiError(400, text, param=param, code="invalid_prompt") from None
-    changed = body.get("model") != model
-    if changed:  # "default" (or none) names the served model upstream
-        body = {**body, "model": model}
-    flow = gateway.pipeline.start(
-        route,
-        AdmissionRequest(
-            request_id=rid,
-            tenant=tenant.name,
-            priority_class=priority_class,
-            prompt_tokens=route.prompt_tokens,
-            max_tokens=body.get("max_completion_tokens") or body.get("max_tokens"),
-            wants_async=False,
-            model=model,
-            stream=body.get("stream") is True,
-        ),
-        priority_min=tenant.priority_min,
-    )
-    return flow, body, changed
 
 
 async def admit(

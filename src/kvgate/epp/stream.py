@@ -75,7 +75,7 @@ class EppStream:
         self.subset: frozenset[str] | None = None
         self.rid = ""
         self.path = ""
-        self.endpoint: str | None = None  # chat | completions
+        self.endpoint: str | None = None  # the request kind: chat, completions, embeddings, …
         self.tenant: TenantConfig | None = None
         self._chunks: list[bytes] = []
         self._size = 0
@@ -195,7 +195,7 @@ class EppStream:
         self._chunks = []
         waited = time.perf_counter()
         flow, body, changed = start_flow(
-            gateway, self.tenant, self.headers, self.endpoint, raw, self.rid
+            gateway, self.tenant, self.headers, self.endpoint, self.path, raw, self.rid
         )
         self.flow = flow
         if self.subset is not None:

@@ -252,10 +252,12 @@ async def test_picker_serves_metrics_and_admin(stack: Stack) -> None:
         assert await _metric(s, stack.epp, "kvgate_epp_streams_total", 'end="completed"') > 0
 
 
-async def test_buffered_request_body_mode() -> None:
-    s_ = _start("BUFFERED")
+@pytest.mark.parametrize("mode", ["BUFFERED", "STREAMED"])
+async def test_buffered_request_body_mode(stack: Stack, mode: str) -> None:
+    """BUFFERED, and STREAMED (the picker has Envoy buffer it: allow_mode_override)."""
+    envoy = start_envoy(picker_port=stack.epp.grpc_port, request_body_mode=mode)  # type: ignore[arg-type]
     try:
-        url = s_.envoy.url + "/v1/chat/completions"
+        url = envoy.url + "/v1/chat/completions"
         async with aiohttp.ClientSession() as s:
             async with s.post(url, json=chat("hi"), headers=ACME) as r:
                 assert r.status == 200
@@ -268,7 +270,7 @@ async def test_buffered_request_body_mode() -> None:
                 assert r.status == 400
                 assert _error(await r.json())["code"] == "invalid_json"
     finally:
-        s_.stop()
+        envoy.stop()
 
 
 async def test_killed_engine_is_routed_around() -> None:

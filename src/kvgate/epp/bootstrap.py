@@ -3,7 +3,8 @@
 One listener; the ext_proc filter (gRPC to the picker, ``failure_mode_allow: false``)
 before the router; one ``ORIGINAL_DST`` cluster that sends each request to the
 ``ip:port`` the picker wrote in ``x-gateway-destination-endpoint``. The request body
-mode is ``FULL_DUPLEX_STREAMED`` (the default) or ``BUFFERED``; the response body is
+mode is ``FULL_DUPLEX_STREAMED`` (the default), ``BUFFERED``, or ``STREAMED`` (which the
+picker overrides to ``BUFFERED``: it decides on the whole body); the response body is
 always streamed in full duplex. examples/envoy/envoy.yaml is this file for fixed ports.
 """
 
@@ -13,7 +14,7 @@ from typing import Any, Literal
 
 from kvgate.epp.messages import DESTINATION_HEADER, LB_NAMESPACE, SUBSET_NAMESPACE
 
-RequestBodyMode = Literal["FULL_DUPLEX_STREAMED", "BUFFERED"]
+RequestBodyMode = Literal["FULL_DUPLEX_STREAMED", "BUFFERED", "STREAMED"]
 _EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 _HCM = (
     "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3."

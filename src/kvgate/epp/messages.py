@@ -30,6 +30,8 @@ BodyMode = processing_mode_pb2.ProcessingMode.BodySendMode
 FULL_DUPLEX = BodyMode.Value("FULL_DUPLEX_STREAMED")
 BUFFERED = BodyMode.Value("BUFFERED")
 NO_BODY = BodyMode.Value("NONE")
+STREAMED = BodyMode.Value("STREAMED")
+BUFFERED_PARTIAL = BodyMode.Value("BUFFERED_PARTIAL")
 _OVERWRITE = base_pb2.HeaderValueOption.HeaderAppendAction.Value("OVERWRITE_IF_EXISTS_OR_ADD")
 
 
@@ -83,11 +85,16 @@ def destination_metadata(endpoint: str) -> struct_pb2.Struct:
 def request_headers_response(
     mutation: pb.HeaderMutation | None = None,
     metadata: struct_pb2.Struct | None = None,
+    *,
+    buffer_body: bool = False,
 ) -> pb.ProcessingResponse:
+    """``buffer_body``: ask Envoy (``allow_mode_override``) to buffer the request body."""
     common = pb.CommonResponse(header_mutation=mutation) if mutation else pb.CommonResponse()
     out = pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=common))
     if metadata is not None:
         out.dynamic_metadata.CopyFrom(metadata)
+    if buffer_body:
+        out.mode_override.request_body_mode = BUFFERED
     return out
 
 

@@ -155,6 +155,10 @@ class EppStream:
             raise ApiError(400, "request body is empty; send a JSON object", code="invalid_json")
         if self.request_mode == msg.FULL_DUPLEX:
             return []  # the header answer carries the decision: it waits for the body
+        if self.request_mode in (msg.STREAMED, msg.BUFFERED_PARTIAL):
+            # the decision needs the whole body before the headers go on: have it buffered
+            self.request_mode = msg.BUFFERED
+            return [msg.request_headers_response(buffer_body=True)]
         return [msg.request_headers_response()]
 
     async def _request_body(self, body: pb.HttpBody) -> Responses:
@@ -168,6 +172,13 @@ class EppStream:
             )
         self._chunks.append(body.body)
         if not body.end_of_stream:
+            if self.request_mode != msg.FULL_DUPLEX:  # each chunk would want an answer
+                raise ApiError(
+                    500,
+                    "the picker needs request_body_mode FULL_DUPLEX_STREAMED or BUFFERED "
+                    "(or allow_mode_override)",
+                    code="picker_misconfigured",
+                )
             return []
         return await self._decide(end_of_stream=True)
 
@@ -275,8 +286,8 @@ class EppStream:
         else:
             self._unary_obs = UnaryObserver()
         out = [msg.response_headers_response(msg.header_mutation(extra, remove))]
-        if response.end_of_stream:
-            self._settle_done()
+        if response.end_of_stream or self.response_mode == msg.NO_BODY:
+            self._settle_done()  # no body will come: the attempt ended with its headers
         return out
 
     def _fail(self, flow: Flow, decision: RouteDecision, kind: str) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import asdict
 from typing import Literal
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -44,6 +45,7 @@ from kvgate.epp.observe import StreamObserver, UnaryObserver
 from kvgate.gateway.errors import ApiError, classify_exception
 from kvgate.gateway.gateway import Gateway
 from kvgate.gateway.handlers import _model_card
+from kvgate.gateway.logs import RequestLog, access_log
 from kvgate.pipeline import AttemptOutcome, Failure, Flow, GiveUp
 from kvgate.types import RouteDecision
 
@@ -408,10 +410,36 @@ class EppStream:
         metrics = self.gateway.metrics
         if self.endpoint is not None or self.end == "answered":
             label = self.path or "unmatched"
+            elapsed = time.perf_counter() - self.started
             metrics.child(metrics.requests, label, str(self.status or 499)).inc()
-            metrics.child(metrics.request_duration, label).observe(
-                time.perf_counter() - self.started
-            )
+            metrics.child(metrics.request_duration, label).observe(elapsed)
+            if access_log.isEnabledFor(logging.INFO):
+                access_log.info(json.dumps(self._log_fields(label, elapsed), separators=(",", ":")))
+
+    def _log_fields(self, path: str, elapsed: float) -> dict[str, object]:
+        """The access-log line serve writes (``kvgate.gateway.logs``): no prompt text."""
+        entry = RequestLog(request_id=self.rid, tenant=self.tenant.name if self.tenant else None)
+        flow = self.flow
+        if flow is not None:
+            if flow.admission is not None:
+                entry.admission = admission_headers(flow).get("X-KVGate-Admission")
+            if flow.decision is not None:
+                entry.node, entry.reason = flow.decision.node_id, flow.decision.reason
+                entry.expected_cached_tokens = flow.decision.expected_cached_tokens
+            entry.attempts = flow.attempts
+        usage = self._stream_obs.usage if self._stream_obs else None
+        usage = usage or (self._unary_obs.usage if self._unary_obs else None)
+        if usage is not None:
+            entry.cached_tokens = usage.cached_tokens
+        fields: dict[str, object] = {
+            "method": self.headers.get(":method", ""),
+            "path": path,
+            "status": self.status or 499,
+            "latency_ms": round(elapsed * 1000, 2),
+            "epp_end": self.end,
+        }
+        fields.update({k: v for k, v in asdict(entry).items() if v not in (None, "", 0)})
+        return fields
 
 
 def _give_up_error(stop: GiveUp) -> ApiError:

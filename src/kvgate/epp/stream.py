@@ -401,7 +401,7 @@ class EppStream:
             self.gateway.pipeline.attempt_done(flow, flow.decision, self._outcome(ok=False))
             self.settled = True
             self.status = 499
-        if self.end is None or (self.end == "completed" and self.status == 499):
+        if self.end is None:
             self.end = "cancelled" if cancelled else "ended_early"
         if flow is not None:
             await self.gateway.pipeline.release(flow)

@@ -87,6 +87,9 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=16, help="output tokens per request")
     parser.add_argument("--stream", action="store_true", help="streamed chat (default: not)")
     parser.add_argument("--time-scale", type=float, default=200.0, help="engine-sim speed-up")
+    parser.add_argument(
+        "--log-level", default="info", help="both fronts' log level (info: access logs on)"
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the figures here")
     args = parser.parse_args()
 
@@ -95,8 +98,9 @@ def main() -> int:
     config = {"nodes": nodes}
     serve = epp = envoy = None
     try:
-        serve = start_gateway_process(config=config, extra_args=["--workers", "1"])
-        epp = start_epp_process(config=config)
+        level = ["--log-level", args.log_level]
+        serve = start_gateway_process(config=config, extra_args=["--workers", "1", *level])
+        epp = start_epp_process(config=config, extra_args=level)
         envoy = start_envoy(picker_port=epp.grpc_port, concurrency=1)
         fronts = {"serve": serve.url, "envoy+epp": envoy.url}
         pids = {"serve": [serve.pid], "envoy+epp": [envoy.pid, epp.pid]}

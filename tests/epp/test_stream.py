@@ -233,3 +233,22 @@ async def test_a_queue_deadline_is_408(engine: EngineProcess) -> None:
         await s.close(cancelled=False)
     finally:
         await gw.stop()
+
+
+async def test_an_engines_5xx_is_a_failed_attempt_relayed_as_sent(gateway: Gateway) -> None:
+    s = _stream(gateway)
+    await s.handle(frames.post(CHAT, "k-acme"))
+    await s.handle(frames.body(_chat(), end_of_stream=True))
+    errors = gateway.pipeline.metrics.upstream_errors.labels("n0", "http_5xx")
+    before = errors._value.get()
+    engine_said = {"x-envoy-upstream-service-time": "3", "content-type": "application/json"}
+    out = await s.handle(frames.response_headers(503, engine_said))
+    mutation = out[0].response_headers.response.header_mutation
+    assert "content-length" not in mutation.remove_headers  # the engine's body stays
+    out = await s.handle(frames.response_body(b'{"error": "busy"}', end_of_stream=True))
+    assert out[0].response_body.response.body_mutation.streamed_response.body == (
+        b'{"error": "busy"}'
+    )
+    assert errors._value.get() == before + 1
+    assert s.flow is not None and not s.flow.holds_reservation
+    await s.close(cancelled=False)

@@ -93,6 +93,7 @@ class EppStream:
         self._first_token = False
         self._replacement: bytes | None = None  # an OpenAI body in place of Envoy's own
         metrics.active.inc()
+        gateway.metrics.inflight.inc()  # as serve counts a request inside the gateway
 
     # -- dispatch ------------------------------------------------------------------------
     async def handle(self, request: pb.ProcessingRequest) -> Responses:
@@ -408,6 +409,7 @@ class EppStream:
         self.metrics.active.dec()
         self.metrics.streams.labels(self.end).inc()
         metrics = self.gateway.metrics
+        metrics.inflight.dec()
         if self.endpoint is not None or self.end == "answered":
             label = self.path or "unmatched"
             elapsed = time.perf_counter() - self.started

@@ -235,7 +235,7 @@ async def test_over_the_cap_is_429_and_an_abort_releases_its_reservation(stack: 
             assert _error(await r.json())["type"] == "rate_limit_error"
         holder.close()  # the client leaves mid-stream: Envoy resets, the picker releases
         assert await _until(s, stack.epp, USED_TINY, lambda v: v == 0)
-        assert await _until(s, stack.epp, ("kvgate_inflight_requests", ""), lambda v: v == 0)
+        assert await _until(s, stack.epp, ("kvgate_epp_active_streams", ""), lambda v: v == 0)
         assert await _early_ends(s, stack.epp) > ended_before  # by the abort, not the end
         async with s.post(url, json=chat("again", max_tokens=1000), headers=TINY) as r:
             assert r.status == 200  # the cap has room again

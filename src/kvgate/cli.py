@@ -57,6 +57,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "status": ("kvgate.status.cli", "show a running gateway's nodes and tenants"),
     "calibrate": ("kvgate.calibrate.cli", "load-test one engine: latency knee → capacity profile"),
     "config": ("kvgate.configver.cli", "versioned config: show, diff, apply, rollback, baselines"),
+    "epp": ("kvgate.epp.cli", "Endpoint Picker for Envoy (ext_proc): admit and route per request"),
 }
 
 

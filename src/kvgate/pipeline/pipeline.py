@@ -124,6 +124,7 @@ class Flow:
     admission: AdmissionResult | None = None
     decision: RouteDecision | None = None
     tried: list[str] = field(default_factory=list)
+    ineligible: frozenset[str] = frozenset()  # nodes this request may not go to (a subset hint)
     attempts: int = 0
     last_failure: Failure | None = None
     holds_reservation: bool = False
@@ -304,14 +305,14 @@ class RequestPipeline:
     def _route(self, flow: Flow) -> RouteDecision:
         ejected = self.outlier.ejected()
         try:
-            return self.router.route(flow.route, exclude=ejected.union(flow.tried))
+            return self.router.route(flow.route, exclude=ejected.union(flow.tried, flow.ineligible))
         except NoNodeAvailable as exc:
             error = exc
         if not flow.attempts and ejected:
             # every eligible node is ejected: a first try still goes to one of them
             # rather than failing the request outright (Envoy's panic mode)
             try:
-                return self.router.route(flow.route, exclude=flow.tried)
+                return self.router.route(flow.route, exclude=flow.ineligible.union(flow.tried))
             except NoNodeAvailable as exc:
                 error = exc
         raise self._give_up(flow, str(error))

@@ -142,3 +142,17 @@ def test_precise_state_counts_against_engine_truth() -> None:
         }
     finally:
         unbind_signal(c.nodes)
+
+
+def test_the_simulator_reports_it_per_policy() -> None:
+    from kvgate.sim.cluster import SimConfig, run_comparison
+    from kvgate.workloads.catalog import generate_at_load
+
+    workload = generate_at_load("multi-turn", "normal", seed=1, requests=200, rate=None)
+    results = run_comparison(workload, SimConfig(nodes=4, seed=1), ["round_robin", "hybrid"])
+    rr, hybrid = results["round_robin"].cache_choice, results["hybrid"].cache_choice
+    for result in results.values():
+        assert result.cache_choice["decisions"] == len(result.records) == 200
+    assert rr["forgone_tokens"] > 0 and set(rr["forgone_tokens_by_reason"]) == {"round_robin"}
+    assert rr["took_best_share"] < hybrid["took_best_share"]
+    assert hybrid["forgone_tokens"] < rr["forgone_tokens"]

@@ -16,11 +16,13 @@ measured against the nodes it may still use.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client import Counter as PromCounter
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 AFFINITY_OFF = "cache_affinity_off"
 
@@ -48,32 +50,10 @@ def cache_choice(known: dict[str, int], node_id: str) -> CacheChoice:
 
 
 class DecisionQuality:
-    """Counts of cache choices, as Prometheus counters and as a JSON-able snapshot."""
+    """Counts of cache choices: plain integers on the decision path, exported as
+    Prometheus counters at scrape time and as a JSON-able snapshot."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.forgone_tokens = PromCounter(
-            "kvgate_route_cache_forgone_tokens_total",
-            "Cached prompt tokens a routing decision gave up: the longest expected cached "
-            "prefix any eligible node held minus the chosen node's, by route reason",
-            ["reason"],
-            registry=registry,
-        )
-        self.best_decisions = PromCounter(
-            "kvgate_route_cache_best_decisions_total",
-            "Cache-affine routing decisions by whether they took a node holding the longest "
-            "expected cached prefix among the eligible nodes",
-            ["took_best"],
-            registry=registry,
-        )
-        self.best_tokens = PromCounter(
-            "kvgate_route_cache_best_tokens_total",
-            "Longest expected cached prefix any eligible node held, summed over decisions",
-            registry=registry,
-        )
-        self._took = {
-            True: self.best_decisions.labels("true"),
-            False: self.best_decisions.labels("false"),
-        }
         self.decisions = 0
         self.took_best = 0
         self.with_cached_prefix = 0
@@ -81,23 +61,21 @@ class DecisionQuality:
         self.forgone_total = 0
         self.forgone_by_reason: Counter[str] = Counter()
         self.left_best_by_reason: Counter[str] = Counter()
+        registry.register(_QualityCollector(self))
 
     def record(self, choice: CacheChoice, reason: str) -> None:
-        took = choice.took_best
         self.decisions += 1
-        self._took[took].inc()
-        if choice.best > 0:
+        best = choice.best
+        if best > 0:
             self.with_cached_prefix += 1
-            self.best_total += choice.best
-            self.best_tokens.inc(choice.best)
-        if took:
+            self.best_total += best
+        forgone = choice.forgone
+        if forgone == 0:
             self.took_best += 1
             return
-        forgone = choice.forgone
         self.forgone_total += forgone
         self.forgone_by_reason[reason] += forgone
         self.left_best_by_reason[reason] += 1
-        self.forgone_tokens.labels(reason).inc(forgone)
 
     def snapshot(self) -> dict[str, Any]:
         share = self.took_best / self.decisions if self.decisions else None
@@ -111,3 +89,38 @@ class DecisionQuality:
             "forgone_tokens_by_reason": dict(sorted(self.forgone_by_reason.items())),
             "left_best_by_reason": dict(sorted(self.left_best_by_reason.items())),
         }
+
+
+class _QualityCollector(Collector):
+    def __init__(self, quality: DecisionQuality) -> None:
+        self._q = quality
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        q = self._q
+        forgone = CounterMetricFamily(
+            "kvgate_route_cache_forgone_tokens",
+            "Cached prompt tokens a routing decision gave up: the longest expected cached "
+            "prefix any eligible node held minus the chosen node's, by route reason",
+            labels=["reason"],
+        )
+        for reason, tokens in sorted(q.forgone_by_reason.items()):
+            forgone.add_metric([reason], float(tokens))
+        yield forgone
+        took = CounterMetricFamily(
+            "kvgate_route_cache_best_decisions",
+            "Cache-affine routing decisions by whether they took a node holding the longest "
+            "expected cached prefix among the eligible nodes",
+            labels=["took_best"],
+        )
+        took.add_metric(["true"], float(q.took_best))
+        took.add_metric(["false"], float(q.decisions - q.took_best))
+        yield took
+        best = CounterMetricFamily(
+            "kvgate_route_cache_best_tokens",
+            "Longest expected cached prefix any eligible node held, summed over decisions",
+        )
+        best.add_metric([], float(q.best_total))
+        yield best
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        return iter(())

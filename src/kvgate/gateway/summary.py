@@ -128,5 +128,24 @@ def build_summary(gateway: Gateway) -> dict[str, Any]:
             "used": _num(admission.get("used")),
             "decisions_total": _decision_totals(admission.get("decisions_total")),
         },
-        "routing": {"decisions_total": routing.get("decisions_total", {})},
+        "routing": {
+            "decisions_total": routing.get("decisions_total", {}),
+            "cache_choice": _cache_choice(routing.get("cache_choice")),
+        },
+    }
+
+
+def _cache_choice(raw: Any) -> dict[str, Any]:
+    """Routing-decision quality (``routing.forgone``): the share of decisions that took the
+    node with the longest cached prefix, and the cached tokens the others gave up."""
+    raw = raw if isinstance(raw, dict) else {}
+    return {
+        "decisions": _num(raw.get("decisions")) or 0,
+        "took_best": _num(raw.get("took_best")) or 0,
+        "took_best_share": _num(raw.get("took_best_share")),
+        "with_cached_prefix": _num(raw.get("with_cached_prefix")) or 0,
+        "best_tokens": _num(raw.get("best_tokens")) or 0,
+        "forgone_tokens": _num(raw.get("forgone_tokens")) or 0,
+        "forgone_tokens_by_reason": dict(raw.get("forgone_tokens_by_reason") or {}),
+        "left_best_by_reason": dict(raw.get("left_best_by_reason") or {}),
     }

@@ -22,6 +22,7 @@ from kvgate.routing.consistent_hash import HashRing
 from kvgate.routing.endpoints import cache_affine
 from kvgate.routing.feedback import HitFeedback
 from kvgate.routing.filters import eligible_nodes
+from kvgate.routing.forgone import AFFINITY_OFF, DecisionQuality, cache_choice
 from kvgate.routing.hooks import ResponseHooks
 from kvgate.routing.metrics import RoutingMetrics, state_family
 from kvgate.routing.node_view import NodeView
@@ -52,6 +53,7 @@ class Router:
         self.clock = clock
         self.rng = rng if rng is not None else random.Random()
         self.metrics = RoutingMetrics(registry)
+        self.quality = DecisionQuality(self.metrics.registry)
         self.index = PrefixIndex(config.index_ttl_s, config.index_max_entries)
         self.cache_signal: CacheSignal = cache_signal if cache_signal is not None else self.index
         self.queue = PrefillQueue(PrefillModel(config.prefill_tokens_per_s, config.prefill_step_s))
@@ -95,7 +97,8 @@ class Router:
     # -- decisions ---------------------------------------------------------------------
     def route(self, req: RouteRequest, *, exclude: Collection[str] = ()) -> RouteDecision:
         now = self.clock.now()
-        policy = self.policy if cache_affine(req.endpoint) else self.least_load
+        affine = cache_affine(req.endpoint)
+        policy = self.policy if affine else self.least_load
         eligible, loads, dropped = eligible_nodes(self.nodes, req, self.config, now, exclude)
         if not eligible:
             self.metrics.no_node.labels(policy.name).inc()
@@ -118,7 +121,19 @@ class Router:
         decision = policy.choose(req, ctx)
         self.decision_counts[(decision.policy, decision.reason)] += 1
         self.metrics.child(self.metrics.decisions, decision.policy, decision.reason).inc()
+        if affine:
+            self._count_choice(req, ctx, decision)
         return decision
+
+    def _count_choice(
+        self, req: RouteRequest, ctx: RoutingContext, decision: RouteDecision
+    ) -> None:
+        """The cached tokens this decision gave up against the best eligible node."""
+        choice = cache_choice(ctx.known_matches(req), decision.node_id)
+        reason = decision.reason
+        if not choice.took_best and ctx.matches_read and not self.flags["cache_affinity"]:
+            reason = AFFINITY_OFF
+        self.quality.record(choice, reason)
 
     def on_dispatch(self, req: RouteRequest, decision: RouteDecision) -> None:
         self.nodes.on_dispatch(decision.node_id, req.request_id, req.prompt_tokens)
@@ -257,6 +272,7 @@ class Router:
                 "max_entries": self.index.max_entries,
                 "ttl_s": self.index.ttl_s,
             },
+            "cache_choice": self.quality.snapshot(),
             "demoted_pairs": self.feedback.demoted_count(),
             "flags": self.flags.as_dict(),
         }

@@ -201,7 +201,18 @@ def _aligned(rows: list[list[str]], picked: list[tuple[int, str]]) -> list[str]:
 
 
 def results_json(results: dict[str, SimResult]) -> dict[str, dict[str, Any]]:
-    return {name: r.summary for name, r in results.items()}
+    return {name: {**r.summary, "cache_choice": r.cache_choice} for name, r in results.items()}
+
+
+def cache_choice_line(name: str, choice: dict[str, Any]) -> str:
+    """One policy's routing-decision quality, for the text output."""
+    share = choice.get("took_best_share")
+    took = f"{share * 100:.1f}%" if share is not None else "-"
+    return (
+        f"{name}: best cached node on {took} of {choice.get('decisions', 0):,} decisions,"
+        f" forgone {choice.get('forgone_tokens', 0):,} of {choice.get('best_tokens', 0):,}"
+        " cached tokens"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -256,6 +267,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(narrow_tables(table_rows(summaries, baseline=policies[0])))
         print(f"\n{len(policies)} policies x {len(workload.items)} requests in {wall:.1f} s wall")
+        for name, result in results.items():
+            print(cache_choice_line(name, result.cache_choice))
         for name, summary in summaries.items():  # kvgate.forecast, with admission on
             if summary.get("forecast_mape_pct") is not None:
                 print(f"{name}: forecast MAPE {summary['forecast_mape_pct']:.1f}%")

@@ -114,6 +114,9 @@ class SimResult:
     wall_s: float
     virtual_s: float
     engine_truth: dict[str, int]  # cluster totals from the engines' own counters
+    # routing-decision quality (kvgate.routing.forgone): the share of decisions that took
+    # the node with the longest cached prefix, and the cached tokens the others gave up
+    cache_choice: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -685,6 +688,7 @@ class ClusterSim:
             wall,
             virtual,
             truth,
+            self.router.quality.snapshot(),
         )
 
 

@@ -184,6 +184,24 @@ def decisions_table(
     return table
 
 
+def cache_choice_line(summary: Mapping[str, Any]) -> Text:
+    """Routing-decision quality: the share of decisions that took the node holding the
+    longest cached prefix, and the cached tokens the others gave up, by route reason."""
+    q = (summary.get("routing") or {}).get("cache_choice") or {}
+    line = Text()
+    line.append("best cached node ", style="dim")
+    line.append(fmt_pct(q.get("took_best_share")), style="bold")
+    line.append(f" of {fmt_int(q.get('decisions', 0))} decisions", style="dim")
+    line.append(f" ({fmt_int(q.get('with_cached_prefix', 0))} with a cached prefix)", style="dim")
+    line.append("  forgone ", style="dim").append(fmt_int(q.get("forgone_tokens", 0)))
+    line.append(f" of {fmt_int(q.get('best_tokens', 0))} cached tokens", style="dim")
+    by_reason = q.get("forgone_tokens_by_reason") or {}
+    if by_reason:
+        parts = ", ".join(f"{reason} {fmt_int(n)}" for reason, n in by_reason.items())
+        line.append(f" ({parts})")
+    return line
+
+
 def summary_view(
     summary: Mapping[str, Any],
     previous: Mapping[str, Any] | None = None,
@@ -196,4 +214,5 @@ def summary_view(
         nodes_table(summary, narrow=narrow),
         tenants_table(summary),
         decisions_table(summary, previous, seconds),
+        cache_choice_line(summary),
     )

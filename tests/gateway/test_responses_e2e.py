@@ -27,7 +27,10 @@ NODES = ("e0", "e1", "e2")
 def cluster(redis_server: Any) -> Iterator[tuple[GatewayProcess, GatewayProcess, list[Engine]]]:
     with engines(len(NODES)) as started:
         config = {
-            "nodes": [{"id": n, "url": e.url} for n, e in zip(NODES, started, strict=True)],
+            "nodes": [
+                {"id": n, "url": e.url, "engine_type": "sim"}
+                for n, e in zip(NODES, started, strict=True)
+            ],
             "store": redis_server.url,
             "admission": {"total_quota": 50000, "tenants": [{"name": "acme", "api_keys": [KEY]}]},
             "auth": {"admin_token": ADMIN},
@@ -176,6 +179,39 @@ async def test_unknown_ids_models_and_endpoints_are_openai_404s(
         await openai.AsyncOpenAI(base_url=b.url + "/v1", api_key="wrong").responses.create(
             model=MODEL, input="hi"
         )
+
+
+async def test_conversation_turns_via_either_replica_stay_on_its_node(
+    cluster: tuple[GatewayProcess, GatewayProcess, list[Engine]],
+) -> None:
+    a, b, _ = cluster
+    ca, cb = _client(a), _client(b)
+    raw = await ca.conversations.with_raw_response.create(
+        items=[{"type": "message", "role": "user", "content": "Let us plan a trip"}]
+    )
+    conv = raw.parse()
+    node = raw.headers["X-KVGate-Node"]
+    assert conv.id.startswith("conv_") and raw.headers["X-KVGate-Route-Reason"] == "least_load"
+    sizes = []
+    for i, client in enumerate((cb, ca, cb)):
+        turn = await client.responses.with_raw_response.create(
+            model=MODEL, input=f"Day {i}?", conversation=conv.id, max_output_tokens=6
+        )
+        assert turn.headers["X-KVGate-Node"] == node  # any other engine would answer 404
+        assert turn.headers["X-KVGate-Route-Reason"] == "previous_response"
+        usage = turn.parse().usage
+        assert usage is not None
+        sizes.append(usage.input_tokens)
+    assert sizes == sorted(sizes) and len(set(sizes)) == 3  # each turn reads the ones before
+    with pytest.raises(openai.BadRequestError) as both:
+        await cb.responses.create(
+            model=MODEL, input="x", conversation=conv.id, previous_response_id="resp_x"
+        )
+    assert isinstance(both.value.body, dict) and both.value.body.get("param") == "conversation"
+    with pytest.raises(openai.NotFoundError) as unknown:
+        await cb.responses.create(model=MODEL, input="x", conversation="conv_nope")
+    assert isinstance(unknown.value.body, dict)
+    assert unknown.value.body.get("code") == "conversation_not_found"  # the engine's
 
 
 async def _chain_start(client: openai.AsyncOpenAI, text: str) -> tuple[str, str]:

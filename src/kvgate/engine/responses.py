@@ -9,6 +9,11 @@ turn's prompt is the one the gateway hashes for cache affinity. A streamed answe
 the OpenAI event sequence (``response.created`` … ``response.output_text.delta`` …
 ``response.completed``, each as ``event:``/``data:`` lines, no ``[DONE]``); the response
 is stored before ``response.completed`` is sent, so a client may chain on it at once.
+
+Conversations (``POST /v1/conversations``, ``GET /v1/conversations/{id}``) are kept the
+same way: a response made with ``conversation`` reads the conversation's text first and
+appends its turn and output to it; an unknown conversation is a 404
+``conversation_not_found``, and ``conversation`` with ``previous_response_id`` a 400.
 """
 
 from __future__ import annotations
@@ -26,11 +31,17 @@ from kvgate.engine.outputs import OutputPlan, plan_output
 from kvgate.engine.request import EventKind
 from kvgate.engine.surface import SurfaceError, SurfaceHost
 from kvgate.prompts import PromptError, render_chat
-from kvgate.routing.responses_input import input_messages, previous_response_id
+from kvgate.routing.responses_input import conversation_id, input_messages, previous_response_id
 from kvgate.tokens import tokenize
 
 MAX_STORED_RESPONSES = 10_000
 DEFAULT_MAX_OUTPUT_TOKENS = 256
+
+
+def _conversation_not_found(cid: str) -> SurfaceError:
+    return SurfaceError(
+        f"Conversation with id '{cid}' not found.", "conversation", 404, "conversation_not_found"
+    )
 
 
 def _not_found(rid: str, param: str) -> SurfaceError:
@@ -45,6 +56,35 @@ class ResponsesApi:
         # response id -> the full conversation text (prompt + output), oldest first
         self.stored: OrderedDict[str, str] = OrderedDict()
         self.objects: dict[str, dict[str, Any]] = {}  # response id -> its response object
+        # conversation id -> (its object, its text so far)
+        self.conversations: OrderedDict[str, tuple[dict[str, Any], str]] = OrderedDict()
+
+    async def create_conversation(self, request: web.Request, body: dict[str, Any]) -> web.Response:
+        items = body.get("items")
+        text = ""
+        if items is not None:
+            try:
+                text = render_chat(input_messages({"input": items}))
+            except PromptError as exc:
+                raise SurfaceError(str(exc).replace("input", "items", 1), "items") from None
+        metadata = body.get("metadata")
+        cid = "conv_" + uuid.uuid4().hex
+        obj: dict[str, Any] = {
+            "id": cid,
+            "object": "conversation",
+            "created_at": int(time.time()),
+            "metadata": metadata if isinstance(metadata, dict) else {},
+        }
+        while len(self.conversations) >= MAX_STORED_RESPONSES:
+            self.conversations.popitem(last=False)
+        self.conversations[cid] = (obj, text)
+        return web.json_response(obj)
+
+    async def get_conversation(self, request: web.Request, body: dict[str, Any]) -> web.Response:
+        cid = request.match_info["conversation_id"]
+        if cid not in self.conversations:
+            raise _conversation_not_found(cid)
+        return web.json_response(self.conversations[cid][0])
 
     async def get(self, request: web.Request, body: dict[str, Any]) -> web.Response:
         rid = request.match_info["response_id"]
@@ -53,7 +93,7 @@ class ResponsesApi:
         return web.json_response(self.objects[rid])
 
     async def create(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
-        text, prev = self._conversation(body)
+        text, prev, conv = self._conversation(body)
         max_out = body.get("max_output_tokens")
         if max_out is not None and (
             isinstance(max_out, bool) or not isinstance(max_out, int) or max_out < 1
@@ -79,6 +119,7 @@ class ResponsesApi:
         if self.server._failed:
             return error_response(*self.server._failed, None, "engine_failed")
         turn = _Turn("resp_" + uuid.uuid4().hex, "msg_" + uuid.uuid4().hex, prev, body, plan)
+        turn.conversation = conv
         pending = self.server.submit(turn.rid, pieces, plan)
         finished = False
         try:
@@ -105,6 +146,7 @@ class ResponsesApi:
             "model": self.server.model_name,
             "status": status,
             "previous_response_id": turn.prev,
+            "conversation": {"id": turn.conversation} if turn.conversation else None,
             "instructions": turn.body.get("instructions"),
             "max_output_tokens": turn.body.get("max_output_tokens"),
             "output": [
@@ -130,6 +172,9 @@ class ResponsesApi:
             self.objects.pop(old, None)
         self.stored[turn.rid] = text + turn.plan.text
         self.objects[turn.rid] = obj
+        conv = turn.conversation
+        if conv is not None and conv in self.conversations:
+            self.conversations[conv] = (self.conversations[conv][0], text + turn.plan.text)
 
     async def _finished(self, pending: Any) -> bool:
         """Wait for the engine to finish the request; False if the engine failed."""
@@ -214,34 +259,42 @@ class ResponsesApi:
         return resp
 
     # -- the prompt ----------------------------------------------------------------------
-    def _conversation(self, body: dict[str, Any]) -> tuple[str, str | None]:
-        """The prompt text of this turn (the stored conversation it continues first)."""
+    def _conversation(self, body: dict[str, Any]) -> tuple[str, str | None, str | None]:
+        """This turn's prompt text (what it continues first), the response and the
+        conversation it continues."""
         try:
             prev = previous_response_id(body)
-            messages = input_messages(body, instructions=prev is None)
-            turn = render_chat(messages)
+            conv = conversation_id(body)
+            if prev is not None and conv is not None:
+                raise PromptError("conversation cannot be used with previous_response_id")
+            history = None
+            if conv is not None:
+                if conv not in self.conversations:
+                    raise _conversation_not_found(conv)
+                history = self.conversations[conv][1] or None
+            elif prev is not None:
+                history = self.stored.get(prev)
+                if history is None:
+                    raise _not_found(prev, "previous_response_id")
+                self.stored.move_to_end(prev)  # recently continued: kept longest
+            turn = render_chat(input_messages(body, instructions=history is None))
         except PromptError as exc:
             text = str(exc)
             raise SurfaceError(text, text.split(" ", 1)[0].split("[", 1)[0]) from None
-        if prev is None:
-            return turn, None
-        history = self.stored.get(prev)
-        if history is None:
-            raise _not_found(prev, "previous_response_id")
-        self.stored.move_to_end(prev)  # recently continued: kept longest
-        return history + "\n" + turn, prev
+        return (turn if history is None else history + "\n" + turn), prev, conv
 
 
 class _Turn:
     """One response being made: its ids, the body asked for and the output plan."""
 
-    __slots__ = ("body", "created", "msg_id", "plan", "prev", "rid")
+    __slots__ = ("body", "conversation", "created", "msg_id", "plan", "prev", "rid")
 
     def __init__(
         self, rid: str, msg_id: str, prev: str | None, body: dict[str, Any], plan: OutputPlan
     ) -> None:
         self.rid, self.msg_id, self.prev, self.body, self.plan = rid, msg_id, prev, body, plan
         self.created = int(time.time())
+        self.conversation: str | None = None
 
 
 class _Events:

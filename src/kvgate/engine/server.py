@@ -292,6 +292,12 @@ class EngineServer:
         self.surface.add_routes(app)
         app.router.add_post("/v1/responses", self.surface.wrap(self.responses.create))
         app.router.add_get("/v1/responses/{response_id}", self.surface.wrap(self.responses.get))
+        conversations = self.responses.create_conversation
+        app.router.add_post("/v1/conversations", self.surface.wrap(conversations))
+        app.router.add_get(
+            "/v1/conversations/{conversation_id}",
+            self.surface.wrap(self.responses.get_conversation),
+        )
         app.on_startup.append(lambda _app: self.start())
         app.on_cleanup.append(lambda _app: self.stop())
         return app

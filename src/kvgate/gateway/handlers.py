@@ -31,7 +31,12 @@ from kvgate.gateway.errors import ApiError
 from kvgate.gateway.gateway import GATEWAY, Gateway
 from kvgate.gateway.logs import request_log
 from kvgate.gateway.proxy import Call
-from kvgate.gateway.responses import OUTPUT_BOUND_FIELD, ResponseWatch, node_gone_error
+from kvgate.gateway.responses import (
+    OUTPUT_BOUND_FIELD,
+    ResponseWatch,
+    continued_id,
+    node_gone_error,
+)
 from kvgate.gateway.responses import PATH as RESPONSES_PATH
 from kvgate.gateway.responses import route_request as responses_route
 from kvgate.gateway.responses import validate as validate_responses
@@ -40,7 +45,7 @@ from kvgate.pipeline import Flow, UnknownModel, resolve_model
 from kvgate.pipeline.pipeline import NODE_GONE_FAILURES
 from kvgate.prompts import PromptError
 from kvgate.routing import build_route_request
-from kvgate.routing.endpoints import RESPONSES, engine_types_serving, serves
+from kvgate.routing.endpoints import CONVERSATIONS, RESPONSES, engine_types_serving, serves
 from kvgate.tracing import Tracing, traceparent
 from kvgate.types import AdmissionKind, AdmissionRequest, AdmissionResult
 
@@ -396,7 +401,7 @@ async def _generate(
         raw_body=raw_out,
         usage_option=not is_responses,
     )
-    if is_responses and body.get("store") is not False:
+    if (is_responses and body.get("store") is not False) or endpoint == CONVERSATIONS:
         call.watch = ResponseWatch(gateway.response_map, flow, gateway.nodes, gateway.spawn)
     if flow.run_async:
         remote_job = getattr(gateway, "remote_job", None)  # a proxy worker: the owner runs it
@@ -426,7 +431,7 @@ def _pinned_node_gone(gateway: Gateway, flow: Flow, body: dict[str, Any]) -> Non
     if pin is None or failure is None or failure.kind not in NODE_GONE_FAILURES:
         return
     gateway.response_map.node_gone("unanswered", looked_up=False)
-    error = node_gone_error(str(body.get("previous_response_id")), pin.node_id, failure.kind)
+    error = node_gone_error(str(continued_id(body)), pin.node_id, failure.kind)
     error.headers = {"X-KVGate-Node": pin.node_id}
     raise error
 

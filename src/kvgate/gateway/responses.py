@@ -3,7 +3,8 @@
 The body's turn (``instructions`` + ``input``, ``kvgate.routing.responses_input``) is
 rendered as chat messages: their blocks are hashed for cache affinity and counted for
 admission (input + ``max_output_tokens``, or the admission default), exactly as a chat
-request. A ``previous_response_id`` is looked up in the replicas' shared map
+request. A ``previous_response_id`` (or a ``conversation``: engine-sim serves the
+Conversations API, vLLM does not) is looked up in the replicas' shared map
 (``response_map``): found, the request is pinned to the node that made that response
 (route reason ``previous_response``), its prompt counted with the stored conversation's
 tokens, which that node is expected to hold cached; found but the node is gone (removed,
@@ -15,7 +16,9 @@ Each answer's response id is read as it passes, without holding the stream back:
 the JSON body, or from the stream's ``response.created`` event (written to the map at
 once, so a follow-up never arrives before its entry) and ``response.completed`` (the
 entry updated with the conversation's final token count). A unary answer is returned
-only once its entry is written. ``store: false`` responses are not mapped.
+only once its entry is written. ``store: false`` responses are not mapped. A created
+conversation (``POST /v1/conversations``, least-load routed) is mapped from its body, and
+a response in it updates the conversation's entry.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from kvgate.routing import build_route_request
 from kvgate.routing.config import RouteKeyConfig
 from kvgate.routing.endpoints import RESPONSES
 from kvgate.routing.node_view import NodeView
-from kvgate.routing.responses_input import input_messages, previous_response_id
+from kvgate.routing.responses_input import conversation_id, input_messages, previous_response_id
 from kvgate.tokens import BLOCK_SIZE
 from kvgate.types import NodeState, RoutePin, RouteRequest
 
@@ -84,15 +87,26 @@ def gone_reason(
     return None
 
 
-def node_gone_error(response_id: str, node_id: str, why: str) -> ApiError:
+def node_gone_error(state_id: str, node_id: str, why: str) -> ApiError:
+    """404: the response (or conversation) ``state_id`` continues is on a node gone."""
+    conversation = state_id.startswith("conv")
+    param = "conversation" if conversation else "previous_response_id"
+    what = "Conversation" if conversation else "Previous response"
     return ApiError(
         404,
-        f"Previous response with id '{response_id}' cannot be continued: node {node_id}, "
-        f"which holds it, is gone ({why}). Start a new conversation without "
-        "previous_response_id.",
-        param="previous_response_id",
+        f"{what} with id '{state_id}' cannot be continued: node {node_id}, which holds "
+        f"it, is gone ({why}). Start a new conversation without {param}.",
+        param=param,
         code=NOT_FOUND_CODE,
     )
+
+
+def continued_id(body: Mapping[str, Any]) -> str | None:
+    """The stored response or conversation a body continues (PromptError if both)."""
+    prev, conv = previous_response_id(body), conversation_id(body)
+    if prev is not None and conv is not None:
+        raise PromptError("conversation cannot be used with previous_response_id")
+    return prev or conv
 
 
 async def route_request(
@@ -113,7 +127,7 @@ async def route_request(
     """The route of a Responses request: its turn, pinned to the holder of the response it
     continues when the map knows it; ApiError 400 (bad body) or 404 (the holder is gone)."""
     try:
-        prev = previous_response_id(body)
+        prev = continued_id(body)
         messages = input_messages(body, instructions=prev is None)
     except PromptError as exc:
         raise _prompt_error(exc) from None
@@ -163,6 +177,7 @@ class ResponseWatch:
         self.nodes = nodes
         self.spawn = spawn
         self.response_id: str | None = None
+        self.conversation: str | None = None  # the conversation the answer extends
         self.node_id: str | None = None
         self.final_tokens: int | None = None
         self._written: asyncio.Task[Any] | None = None
@@ -180,6 +195,10 @@ class ResponseWatch:
         return True
 
     def _completed(self, body: dict[str, Any]) -> None:
+        response = body.get("response", body)
+        conversation = response.get("conversation") if isinstance(response, dict) else None
+        if isinstance(conversation, dict) and isinstance(conversation.get("id"), str):
+            self.conversation = conversation["id"]
         usage = parse_usage(body)
         if usage is not None and usage.prompt_tokens is not None:
             self.final_tokens = usage.prompt_tokens + (usage.completion_tokens or 0)
@@ -203,13 +222,18 @@ class ResponseWatch:
                     self._completed(data)
 
     def payload(self, body: dict[str, Any]) -> None:
-        if body.get("object") == "response" and self._seen(body.get("id")):
+        kind = body.get("object")
+        if kind == "response" and self._seen(body.get("id")):
             self._completed(body)
+        elif kind == "conversation":
+            self._seen(body.get("id"))  # a new conversation, empty or with its items
 
     async def finish(self) -> None:
         """Write what the answer said (after it ended; a unary one before it is returned)."""
         if self._written is not None:
             await asyncio.shield(self._written)
         if self.response_id is not None and (self._written is None or self.final_tokens):
-            tokens = self.final_tokens or self.flow.route.prompt_tokens
-            await self.map.record(self.response_id, self._holder(tokens))
+            holder = self._holder(self.final_tokens or self.flow.route.prompt_tokens)
+            await self.map.record(self.response_id, holder)
+            if self.conversation is not None:  # the conversation now ends with this turn
+                await self.map.record(self.conversation, holder)

@@ -87,3 +87,15 @@ def previous_response_id(body: Mapping[str, Any]) -> str | None:
     if not isinstance(value, str) or not value:
         raise PromptError("previous_response_id must be a non-empty string")
     return value
+
+
+def conversation_id(body: Mapping[str, Any]) -> str | None:
+    """The body's ``conversation``: an id string or ``{"id": …}`` (PromptError otherwise)."""
+    value = body.get("conversation")
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        value = value.get("id")
+    if not isinstance(value, str) or not value:
+        raise PromptError("conversation must be a conversation id or an object with an 'id'")
+    return value

@@ -253,6 +253,10 @@ async def test_holder_removed_or_dead_is_a_404_naming_it(
     body = dead.value.body
     assert isinstance(body, dict) and body.get("code") == "previous_response_not_found"
     assert node2 in str(body.get("message"))
+    # found dead at once (its attempt could not connect) or, after failed scrapes, unreachable
+    name = "kvgate_response_affinity_node_gone_total"
+    seen = [await _metric(a, name, why=w) for w in ("unanswered", "unreachable", "ejected")]
+    assert sum(seen) == 1, seen
     # a new conversation still works on the nodes left
     fresh = await ca.responses.create(model=MODEL, input="a new start", max_output_tokens=4)
     assert fresh.output_text

@@ -352,14 +352,7 @@ async def _generate(
         raw_body = None
 
     wants_async = "respond-async" in request.headers.get("Prefer", "").lower()
-    # a non-generation request holds its input only: no decode is reserved
-    client_bound = (
-        (body.get("max_completion_tokens") or body.get("max_tokens"))
-        if generation
-        else body.get(OUTPUT_BOUND_FIELD)
-        if is_responses
-        else 0
-    )
+    client_bound = _client_output_bound(endpoint, body)
     flow = gateway.pipeline.start(
         route,
         AdmissionRequest(
@@ -422,6 +415,15 @@ async def _generate(
         await gateway.pipeline.release(flow)
         _log_call(entry, call)
     return response
+
+
+def _client_output_bound(endpoint: str, body: dict[str, Any]) -> int | None:
+    """The output bound the client set (None: admission's default applies)."""
+    if endpoint in ENDPOINT_PATHS:
+        return body.get("max_completion_tokens") or body.get("max_tokens")
+    if endpoint == RESPONSES:
+        return body.get(OUTPUT_BOUND_FIELD)
+    return 0  # a non-generation request holds its input only: no decode is reserved
 
 
 def _pinned_node_gone(gateway: Gateway, flow: Flow, body: dict[str, Any]) -> None:

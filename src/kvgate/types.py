@@ -65,6 +65,15 @@ class NodeReport:
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
+@dataclass(frozen=True, slots=True)
+class RoutePin:
+    """The one node a request must go to: it holds the state the request continues (a
+    stored response), with ``cached_tokens`` of that state expected in its prefix cache."""
+
+    node_id: str
+    cached_tokens: int = 0
+
+
 @dataclass(slots=True)
 class RouteRequest:
     """What the router needs to know about one request (no prompt text kept)."""
@@ -86,6 +95,7 @@ class RouteRequest:
     # completions: cache-affine routing) or a non-generation kind such as "embeddings"
     # (least load, served only by nodes whose engine type serves it)
     endpoint: str = "generate"
+    pin: RoutePin | None = None  # routed to this node or to none (no other node has the state)
 
     @property
     def total_tokens_estimate(self) -> int:

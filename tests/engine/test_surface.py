@@ -91,3 +91,37 @@ async def test_responses_are_stateful_per_instance(two: tuple[str, str]) -> None
     with pytest.raises(openai.NotFoundError) as err:
         await cb.responses.create(model=model, input="And then?", previous_response_id=first.id)
     assert "not found" in str(err.value)
+
+
+async def test_streamed_response_is_stored_and_continued(two: tuple[str, str]) -> None:
+    ca = openai.AsyncOpenAI(base_url=two[0] + "/v1", api_key="x", timeout=60)
+    model = (await ca.models.list()).data[0].id
+    kinds: list[str] = []
+    deltas: list[str] = []
+    completed = None
+    stream = await ca.responses.create(
+        model=model, input="Tell me a story", instructions="Be brief.", max_output_tokens=8,
+        stream=True,
+    )  # fmt: skip
+    async for event in stream:
+        kinds.append(event.type)
+        if event.type == "response.output_text.delta":
+            deltas.append(event.delta)
+        if event.type == "response.completed":
+            completed = event.response
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert completed is not None and completed.status == "completed"
+    assert completed.output_text == "".join(deltas) and deltas
+    assert completed.usage is not None and completed.usage.output_tokens == len(deltas)
+    got = await ca.responses.retrieve(completed.id)
+    assert got.id == completed.id and got.output_text == completed.output_text
+    follow = await ca.responses.create(
+        model=model, input="And then?", previous_response_id=completed.id, max_output_tokens=4
+    )
+    assert follow.previous_response_id == completed.id
+    assert follow.usage is not None
+    assert follow.usage.input_tokens > completed.usage.input_tokens + completed.usage.output_tokens
+    # the stored conversation is in the prefix cache: its blocks are hits
+    assert follow.usage.input_tokens_details.cached_tokens > 0
+    with pytest.raises(openai.BadRequestError):
+        await ca.responses.create(model=model, input=[])

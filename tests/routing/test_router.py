@@ -10,7 +10,7 @@ from prometheus_client import generate_latest
 
 from kvgate.routing import RoutingContext, register_policy, route_request_from_tokens
 from kvgate.tokens import block_hashes
-from kvgate.types import NodeSpec, NodeState, NoNodeAvailable, RouteDecision, RouteRequest
+from kvgate.types import NodeSpec, NodeState, NoNodeAvailable, RouteDecision, RoutePin, RouteRequest
 
 from .conftest import Cluster, group_request
 
@@ -504,3 +504,21 @@ def test_decode_cost_spills_off_a_node_whose_sequence_slots_are_full(
     owner2 = c2.serve(chat("seed"))
     c2.report(owner2, running=8, waiting=2)
     assert c2.router.route(chat("q")).node_id == owner2
+
+
+def test_pinned_request_goes_to_its_node_or_to_none(cluster_factory: Factory) -> None:
+    c = cluster_factory(n=3)
+    c.report_all()
+    warm = group_request(1, "w")
+    home = c.serve(warm)
+    other = next(n for n in c.nodes.node_ids if n != home)
+    follow = group_request(1, "f")  # its prefix is cached on ``home``…
+    follow.pin = RoutePin(other, cached_tokens=48)  # …but its state is on ``other``
+    decision = c.router.route(follow)
+    assert (decision.node_id, decision.reason) == (other, "previous_response")
+    assert decision.expected_cached_tokens == 48 and decision.candidates == (other,)
+    with pytest.raises(NoNodeAvailable, match=f"node {other}"):
+        c.router.route(follow, exclude=(other,))  # tried: no other node has the state
+    c.nodes.set_state(other, NodeState.QUIESCING)
+    with pytest.raises(NoNodeAvailable, match=f"node {other}"):
+        c.router.route(follow)

@@ -27,6 +27,7 @@ from kvgate.engine.metrics import EngineMetrics
 from kvgate.engine.outputs import OutputPlan, plan_output
 from kvgate.engine.profiles import Profile
 from kvgate.engine.request import EngineEvent, EngineRequest, EventKind
+from kvgate.engine.responses import ResponsesApi
 from kvgate.engine.surface import Surface
 from kvgate.kv_events.publisher import KvEventPublisher
 from kvgate.kv_events.tokenizer import PromptHasher
@@ -178,6 +179,7 @@ class EngineServer:
         self._failed: tuple[int, str] | None = None
         self.created = int(time.time())
         self.surface = Surface(self)
+        self.responses = ResponsesApi(self)
 
     # ---- time and driver ------------------------------------------------------------
 
@@ -288,6 +290,14 @@ class EngineServer:
         app.router.add_post("/v1/completions", self.handle_completions)
         app.router.add_post("/v1/chat/completions", self.handle_chat)
         self.surface.add_routes(app)
+        app.router.add_post("/v1/responses", self.surface.wrap(self.responses.create))
+        app.router.add_get("/v1/responses/{response_id}", self.surface.wrap(self.responses.get))
+        conversations = self.responses.create_conversation
+        app.router.add_post("/v1/conversations", self.surface.wrap(conversations))
+        app.router.add_get(
+            "/v1/conversations/{conversation_id}",
+            self.surface.wrap(self.responses.get_conversation),
+        )
         app.on_startup.append(lambda _app: self.start())
         app.on_cleanup.append(lambda _app: self.stop())
         return app

@@ -1,11 +1,10 @@
-"""Engine-sim's non-generation OpenAI endpoints and its stateful Responses API.
+"""Engine-sim's non-generation OpenAI endpoints.
 
 Token ids are the UTF-8 bytes of each text-model piece read as one integer (behind a 0x01
 byte), so every engine instance maps text to the same ids and ``/detokenize`` inverts
 ``/tokenize`` without a vocabulary. Embeddings are deterministic unit vectors built from
-those ids; rerank and score are cosine similarities of the embeddings. ``/v1/responses``
-generates through the engine core and keeps each stored response's conversation in this
-instance only (as vLLM does), so a ``previous_response_id`` another instance made is a 404.
+those ids; rerank and score are cosine similarities of the embeddings. The stateful
+Responses API (``kvgate.engine.responses``) is mounted through ``Surface.wrap`` too.
 """
 
 from __future__ import annotations
@@ -20,13 +19,11 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
 from kvgate.engine.http_errors import error_response
-from kvgate.engine.outputs import OutputPlan, plan_output
+from kvgate.engine.outputs import OutputPlan
 from kvgate.engine.profiles import Profile
-from kvgate.engine.request import EventKind
 from kvgate.tokens import tokenize
 
 DEFAULT_DIMENSIONS = 64
-MAX_STORED_RESPONSES = 10_000
 
 
 class SurfaceError(Exception):
@@ -103,7 +100,6 @@ class Surface:
 
     def __init__(self, server: SurfaceHost) -> None:
         self.server = server
-        self.responses: dict[str, str] = {}  # response id -> full conversation text
         labels = ["model_name", "endpoint"]
         self._requests = Counter(
             "kvgate_engine_sim_surface_requests",
@@ -123,18 +119,16 @@ class Surface:
         self._tokens.labels(self.server.model_name, endpoint).inc(tokens)
 
     def add_routes(self, app: web.Application) -> None:
-        app.router.add_post("/v1/embeddings", self._wrap(self.embeddings))
-        app.router.add_post("/v1/rerank", self._wrap(self.rerank))
-        app.router.add_post("/rerank", self._wrap(self.rerank))
-        app.router.add_post("/v2/rerank", self._wrap(self.rerank))
-        app.router.add_post("/v1/score", self._wrap(self.score))
-        app.router.add_post("/score", self._wrap(self.score))
-        app.router.add_post("/tokenize", self._wrap(self.tokenize))
-        app.router.add_post("/detokenize", self._wrap(self.detokenize))
-        app.router.add_post("/v1/responses", self._wrap(self.create_response))
-        app.router.add_get("/v1/responses/{response_id}", self._wrap(self.get_response))
+        app.router.add_post("/v1/embeddings", self.wrap(self.embeddings))
+        app.router.add_post("/v1/rerank", self.wrap(self.rerank))
+        app.router.add_post("/rerank", self.wrap(self.rerank))
+        app.router.add_post("/v2/rerank", self.wrap(self.rerank))
+        app.router.add_post("/v1/score", self.wrap(self.score))
+        app.router.add_post("/score", self.wrap(self.score))
+        app.router.add_post("/tokenize", self.wrap(self.tokenize))
+        app.router.add_post("/detokenize", self.wrap(self.detokenize))
 
-    def _wrap(self, fn: Any) -> Any:
+    def wrap(self, fn: Any) -> Any:
         async def handler(request: web.Request) -> web.StreamResponse:
             try:
                 body: dict[str, Any] = {}
@@ -283,116 +277,3 @@ class Surface:
         text = detokenize(ids)
         self._note("detokenize", len(ids))
         return web.json_response({"prompt": text})
-
-    # ---- responses -------------------------------------------------------------------
-
-    async def get_response(self, request: web.Request, body: dict[str, Any]) -> web.Response:
-        rid = request.match_info["response_id"]
-        if rid not in self.responses:
-            raise SurfaceError(
-                f"Response with id '{rid}' not found.", "response_id", 404, "response_not_found"
-            )
-        return web.json_response({"id": rid, "object": "response", "status": "completed"})
-
-    async def create_response(self, request: web.Request, body: dict[str, Any]) -> web.Response:
-        text = self._conversation(body)
-        prev = body.get("previous_response_id")
-        max_out = body.get("max_output_tokens")
-        if max_out is not None and (isinstance(max_out, bool) or not isinstance(max_out, int)):
-            raise SurfaceError("max_output_tokens must be an integer", "max_output_tokens")
-        pieces = tokenize(text)
-        limit = self.server.profile.max_model_len
-        if len(pieces) >= limit:
-            self._limit(len(pieces), "input")
-        max_tokens = min(max_out or 256, limit - len(pieces))
-        plan = plan_output(text, max_tokens=max_tokens, min_tokens=0, ignore_eos=False, stop=[])
-        if plan.num_tokens == 0:
-            plan = OutputPlan(plan.pieces[:1] or [" "], "", "stop")
-        if self.server._failed:
-            return error_response(*self.server._failed, None, "engine_failed")
-        rid = "resp_" + uuid.uuid4().hex
-        pending = self.server.submit(rid, pieces, plan)
-        finished = False
-        try:
-            while True:
-                ev = await pending.queue.get()
-                if ev.kind is EventKind.FAILED:
-                    status, message = self.server._failed or (500, "engine failed")
-                    return error_response(status, message, None, "engine_failed")
-                self.server._on_event(pending, ev)
-                if ev.kind is EventKind.FINISHED:
-                    break
-            finished = True
-        finally:
-            self.server.release(rid, abort=not finished)
-        if body.get("store", True) is not False:
-            if len(self.responses) >= MAX_STORED_RESPONSES:
-                self.responses.pop(next(iter(self.responses)))
-            self.responses[rid] = text + plan.text
-        usage = self.server._usage(pending)
-        return web.json_response(
-            {
-                "id": rid,
-                "object": "response",
-                "created_at": int(time.time()),
-                "model": self.server.model_name,
-                "status": "completed",
-                "previous_response_id": prev,
-                "output": [
-                    {
-                        "type": "message",
-                        "id": "msg_" + uuid.uuid4().hex,
-                        "status": "completed",
-                        "role": "assistant",
-                        "content": [{"type": "output_text", "text": plan.text, "annotations": []}],
-                    }
-                ],
-                "parallel_tool_calls": False,
-                "tool_choice": "auto",
-                "tools": [],
-                "usage": {
-                    "input_tokens": usage["prompt_tokens"],
-                    "input_tokens_details": {
-                        "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]
-                    },
-                    "output_tokens": usage["completion_tokens"],
-                    "output_tokens_details": {"reasoning_tokens": 0},
-                    "total_tokens": usage["total_tokens"],
-                },
-            }
-        )
-
-    def _conversation(self, body: dict[str, Any]) -> str:
-        prev = body.get("previous_response_id")
-        history = ""
-        if prev is not None:
-            if not isinstance(prev, str) or prev not in self.responses:
-                raise SurfaceError(
-                    f"Response with id '{prev}' not found.",
-                    "previous_response_id",
-                    404,
-                    "response_not_found",
-                )
-            history = self.responses[prev]
-        raw = body.get("input")
-        if isinstance(raw, str):
-            turn = raw
-        elif isinstance(raw, list) and raw:
-            parts = []
-            for item in raw:
-                if not isinstance(item, dict):
-                    raise SurfaceError("input items must be objects", "input")
-                content = item.get("content")
-                if isinstance(content, list):
-                    content = "".join(
-                        str(c.get("text", "")) for c in content if isinstance(c, dict)
-                    )
-                if not isinstance(content, str):
-                    raise SurfaceError("input item content must be text", "input")
-                parts.append(f"<{item.get('role', 'user')}>{content}")
-            turn = "\n".join(parts)
-        else:
-            raise SurfaceError("input must be a string or a non-empty list of items", "input")
-        instructions = body.get("instructions")
-        head = f"<system>{instructions}\n" if isinstance(instructions, str) and not prev else ""
-        return history + head + "<user>" + turn + "\n<assistant>"

@@ -2,14 +2,18 @@
 
 ``SseRelay.feed`` runs inside the upstream connection's ``data_received``. It cuts the
 bytes at the last complete event, and then works on the whole run of complete events at
-once with C-level byte scans: ``[DONE]`` by substring, generated tokens by counting
-non-empty ``"content":"``/``"text":"`` fields (engines stream about one token per chunk;
-exact counts arrive with usage), usage only where ``"usage":{`` occurs (that one event
+once with C-level byte scans: ``[DONE]`` by substring (a Responses API stream ends at its
+terminal event instead: ``response.completed``, ``.incomplete`` or ``.failed``),
+generated tokens by counting non-empty ``"content":"``/``"text":"`` fields, or a
+Responses stream's ``response.output_text.delta`` events (engines stream about one
+token per chunk; exact counts arrive with usage), usage only where ``"usage":{`` occurs (that one event
 is JSON-parsed), and the injected ``"usage":null`` fields removed by ``bytes.replace``.
 The first content-bearing chunk (``pipeline.first_token``) is reported at once, whatever
 the batch: admission times the first token from it. Everything that arrived together
 leaves in one write. Until the client's response is
 ready (``go_live``) output is held, so a failure before the first byte can be retried.
+An ``on_events`` observer (the Responses API's response-id watch) is handed each run of
+complete events as it passes, before it is written.
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ _HIGH_WATER = 256 * 1024  # client write buffer above this: stop reading upstrea
 _LOW_WATER = 64 * 1024
 _RESUME_POLL_S = 0.005
 _USAGE_MARKS = (b'"usage":{', b'"usage": {')
+# the events that end a Responses API stream (it sends no [DONE])
+_RESPONSE_ENDS = (b"event: response.completed", b"event: response.incomplete",
+                  b"event: response.failed")  # fmt: skip
+_RESPONSE_DELTA = b'"type":"response.output_text.delta"'
 # first events → (the client's transport, its response) once written, or None (not opened)
 Opener = Callable[[bytes], "tuple[asyncio.Transport, Any] | None"]
 
@@ -40,8 +48,16 @@ def count_generated(events: bytes) -> int:
     n = events.count(b'"content":"')
     if n:  # a chat stream: no completion "text" fields to look for
         return n - events.count(b'"content":""')
+    n = events.count(_RESPONSE_DELTA)
+    if n:  # a Responses stream: its done events repeat the whole text
+        return n
     n = events.count(b'"text":"')
     return n - events.count(b'"text":""') if n else 0
+
+
+def ends_response_stream(events: bytes) -> bool:
+    """Whether a Responses API stream's terminal event is among ``events``."""
+    return b"event: response." in events and any(end in events for end in _RESPONSE_ENDS)
 
 
 class SseRelay:
@@ -53,8 +69,10 @@ class SseRelay:
         on_progress: Callable[[int], None] | None,
         progress_batch: int,
         opener: Opener | None = None,
+        on_events: Callable[[bytes], None] | None = None,
     ) -> None:
         self.exchange = exchange
+        self.on_events = on_events
         self.strip_usage = strip_usage
         self.on_progress = on_progress
         self.schedule = ProgressSchedule(progress_batch)
@@ -94,12 +112,13 @@ class SseRelay:
                 self._pending = data
                 return
             events, self._pending = data[: end + 2], data[end + 2 :]
-        if (
-            not self.done
-            and b"[DONE]" in events
-            and (b"data: [DONE]" in events or b"data:[DONE]" in events)
+        if not self.done and (
+            (b"[DONE]" in events and (b"data: [DONE]" in events or b"data:[DONE]" in events))
+            or ends_response_stream(events)
         ):
             self.done = True
+        if self.on_events is not None:
+            self.on_events(events)
         if self.strip_usage:
             # the usage option kvgate added puts "usage":null in every chunk: drop it first,
             # so only a chunk with real usage takes the slow path

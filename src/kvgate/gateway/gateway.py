@@ -26,6 +26,7 @@ from kvgate.gateway.jobs import JobStore
 from kvgate.gateway.metrics import GatewayMetrics
 from kvgate.gateway.proxy import Proxy
 from kvgate.gateway.registry import NodeRegistry
+from kvgate.gateway.response_map import ResponseMap
 from kvgate.gateway.scraper import Scraper, discover_model
 from kvgate.kv_events.hub import KvEventHub
 from kvgate.pipeline import (
@@ -97,6 +98,8 @@ class Gateway:
         # OpenTelemetry: checked here (a bad OTEL_* value is a config error), run by start
         self._trace_settings = settings(config.tracing)
         self.tracing: Tracing | None = None
+        # response id → the node holding it, shared by replicas (previous_response_id)
+        self.response_map = ResponseMap(self.store, self.registry)
         self.jobs = JobStore(self.clock, ttl_s=config.admission.async_job_ttl_s)
         self.sources: dict[str, str] = {}  # node id → "config" | "admin" | "registry"
         self.specs: dict[str, NodeSpec] = {}

@@ -31,11 +31,21 @@ from kvgate.gateway.errors import ApiError
 from kvgate.gateway.gateway import GATEWAY, Gateway
 from kvgate.gateway.logs import request_log
 from kvgate.gateway.proxy import Call
+from kvgate.gateway.responses import (
+    OUTPUT_BOUND_FIELD,
+    ResponseWatch,
+    continued_id,
+    node_gone_error,
+)
+from kvgate.gateway.responses import PATH as RESPONSES_PATH
+from kvgate.gateway.responses import route_request as responses_route
+from kvgate.gateway.responses import validate as validate_responses
 from kvgate.gateway.surface import SURFACE_KINDS, input_tokens, surface_route
 from kvgate.pipeline import Flow, UnknownModel, resolve_model
+from kvgate.pipeline.pipeline import NODE_GONE_FAILURES
 from kvgate.prompts import PromptError
 from kvgate.routing import build_route_request
-from kvgate.routing.endpoints import engine_types_serving, serves
+from kvgate.routing.endpoints import CONVERSATIONS, RESPONSES, engine_types_serving, serves
 from kvgate.tracing import Tracing, traceparent
 from kvgate.types import AdmissionKind, AdmissionRequest, AdmissionResult
 
@@ -54,6 +64,7 @@ _IDS = random.Random()
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post(RESPONSES_PATH, responses)
     for surface in SURFACE_KINDS:  # embeddings, rerank, score, tokenize, detokenize
         for path in surface.paths:
             app.router.add_post(path, _surface_handler(surface.kind, path))
@@ -113,6 +124,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     return await generate(request, "completions")
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    return await serve(request, RESPONSES, RESPONSES_PATH)
 
 
 def _surface_handler(kind: str, path: str) -> Any:
@@ -272,9 +287,12 @@ async def _generate(
 ) -> web.StreamResponse:
     body, raw = await read_json_object(request, gateway.config.server.max_body_bytes)
     generation = endpoint in ENDPOINT_PATHS
+    is_responses = endpoint == RESPONSES
     surface_tokens = 0
     if generation:
         validate_generation(body, endpoint)
+    elif is_responses:
+        validate_responses(body)
     else:
         surface_tokens = input_tokens(endpoint, body)
     tenant = identify_tenant(gateway, request)
@@ -285,7 +303,23 @@ async def _generate(
     except NotAllowed as exc:
         raise not_allowed_error(exc) from None
     model = _model_for(gateway, body)
-    if not generation:
+    if is_responses:
+        _check_served(gateway, endpoint, path, model)
+        route = await responses_route(
+            body,
+            response_map=gateway.response_map,
+            nodes=gateway.nodes,
+            configured=gateway.specs,
+            ejected=gateway.pipeline.outlier.ejected,
+            headers=request.headers,
+            request_id=request_id,
+            tenant=tenant.name,
+            priority=priority,
+            config=gateway.config.routing.route_key,
+            model=model,
+            engine_hashes=gateway.kv_events.engine_hashes if gateway.kv_events.hashers else None,
+        )
+    elif not generation:
         _check_served(gateway, endpoint, path, model)
         route = surface_route(
             endpoint,
@@ -318,10 +352,7 @@ async def _generate(
         raw_body = None
 
     wants_async = "respond-async" in request.headers.get("Prefer", "").lower()
-    # a non-generation request holds its input only: no decode is reserved
-    client_bound = (
-        (body.get("max_completion_tokens") or body.get("max_tokens")) if generation else 0
-    )
+    client_bound = _client_output_bound(endpoint, body)
     flow = gateway.pipeline.start(
         route,
         AdmissionRequest(
@@ -332,7 +363,7 @@ async def _generate(
             max_tokens=client_bound,
             wants_async=wants_async,
             model=model,
-            stream=generation and body.get("stream") is True,
+            stream=(generation or is_responses) and body.get("stream") is True,
         ),
         priority_min=tenant.priority_min,
         wants_async=wants_async,
@@ -349,7 +380,8 @@ async def _generate(
     raw_out = raw_body
     if client_bound is None and result.output_bound:
         # the reservation covers this many output tokens: the engine must not exceed it
-        body, raw_out = {**body, "max_tokens": result.output_bound}, None
+        bound_field = OUTPUT_BOUND_FIELD if is_responses else "max_tokens"
+        body, raw_out = {**body, bound_field: result.output_bound}, None
 
     call = Call(
         request_id=request_id,
@@ -360,7 +392,10 @@ async def _generate(
         started=started,
         headers={"X-KVGate-Admission": admitted},
         raw_body=raw_out,
+        usage_option=not is_responses,
     )
+    if (is_responses and body.get("store") is not False) or endpoint == CONVERSATIONS:
+        call.watch = ResponseWatch(gateway.response_map, flow, gateway.nodes, gateway.spawn)
     if flow.run_async:
         remote_job = getattr(gateway, "remote_job", None)  # a proxy worker: the owner runs it
         if remote_job is not None:
@@ -369,11 +404,38 @@ async def _generate(
 
     try:
         assert gateway.proxy is not None
-        response = await gateway.proxy.forward(call, request)
+        try:
+            response = await gateway.proxy.forward(call, request)
+        except ApiError:
+            _pinned_node_gone(gateway, flow, body)
+            raise
+        if call.watch is not None:
+            await call.watch.finish()
     finally:
         await gateway.pipeline.release(flow)
         _log_call(entry, call)
     return response
+
+
+def _client_output_bound(endpoint: str, body: dict[str, Any]) -> int | None:
+    """The output bound the client set (None: admission's default applies)."""
+    if endpoint in ENDPOINT_PATHS:
+        return body.get("max_completion_tokens") or body.get("max_tokens")
+    if endpoint == RESPONSES:
+        return body.get(OUTPUT_BOUND_FIELD)
+    return 0  # a non-generation request holds its input only: no decode is reserved
+
+
+def _pinned_node_gone(gateway: Gateway, flow: Flow, body: dict[str, Any]) -> None:
+    """A request pinned to the node holding its state, which did not answer: 404 saying
+    the node is gone (no other node can continue the conversation)."""
+    pin, failure = flow.route.pin, flow.last_failure
+    if pin is None or failure is None or failure.kind not in NODE_GONE_FAILURES:
+        return
+    gateway.response_map.node_gone("unanswered", looked_up=False)
+    error = node_gone_error(str(continued_id(body)), pin.node_id, failure.kind)
+    error.headers = {"X-KVGate-Node": pin.node_id}
+    raise error
 
 
 def _log_call(entry: Any, call: Call) -> None:
@@ -418,6 +480,8 @@ async def _run_job(gateway: Gateway, call: Call, result: AdmissionResult, job_id
         assert gateway.proxy is not None
         response = await gateway.proxy.forward(call, None)
         assert isinstance(response, web.Response)
+        if call.watch is not None:
+            await call.watch.finish()
         status, body = response.status, response.body  # type: ignore[assignment]
     except ApiError as exc:
         status, body = exc.status, exc.response().body  # type: ignore[assignment]

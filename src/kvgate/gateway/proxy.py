@@ -95,6 +95,19 @@ def _failure_status(status: int) -> str | None:
     return "http_5xx" if retryable_status(status) else None
 
 
+class AnswerWatch(Protocol):
+    """Reads what an engine answered as it passes (the Responses API's response ids)."""
+
+    def events(self, events: bytes) -> None:
+        """A run of complete SSE events of a streamed answer, before it is written."""
+
+    def payload(self, body: dict[str, Any]) -> None:
+        """A non-streamed successful answer's JSON body."""
+
+    async def finish(self) -> None:
+        """Awaited by the handler once the answer has ended."""
+
+
 class UpstreamFailure(Exception):
     """A dispatch failed before anything reached the client (so it may be retried)."""
 
@@ -116,6 +129,10 @@ class Call:
     started: float  # time.perf_counter() at arrival
     headers: dict[str, str] = field(default_factory=dict)  # extra response headers
     raw_body: bytes | None = None  # the client's bytes, forwarded as-is when body is unchanged
+    watch: AnswerWatch | None = None  # sees the answer's events or body as they pass
+    # a stream may be sent stream_options.include_usage (the Responses API reports its
+    # usage in response.completed and takes no such option)
+    usage_option: bool = True
     # filled in as the call proceeds, for logs and metrics
     decision: RouteDecision | None = None
     attempts: int = 0
@@ -365,6 +382,8 @@ class Proxy:
                 parsed = None
             if isinstance(parsed, dict):
                 call.usage = parse_usage(parsed)
+                if call.watch is not None and head.status < 400:
+                    call.watch.payload(parsed)
         outcome.ok = head.status < 400
         if call.usage is not None:
             outcome.cached_tokens = call.usage.cached_tokens
@@ -407,7 +426,7 @@ class Proxy:
         request: web.Request,
         outcome: _Outcome,
     ) -> web.StreamResponse:
-        inject = not client_wants_usage(call.body)
+        inject = call.usage_option and not client_wants_usage(call.body)
         deadline = self._deadline()
         exchange, head = await self._post(base, call, _body_bytes(call, inject), deadline)
         try:
@@ -500,6 +519,7 @@ class Proxy:
             on_progress=reporter.report,
             progress_batch=self.progress_batch_tokens,
             opener=self._opener(call, decision, request),
+            on_events=call.watch.events if call.watch is not None else None,
         )
         exchange.attach(relay.feed)
         relay.wake_on_end()
@@ -702,4 +722,4 @@ def _body_bytes(call: Call, inject_usage: bool) -> bytes:
     return json.dumps(with_usage_requested(call.body), ensure_ascii=False).encode()
 
 
-__all__ = ["Call", "Decisions", "Proxy", "UpstreamFailure", "strip_null_usage"]
+__all__ = ["AnswerWatch", "Call", "Decisions", "Proxy", "UpstreamFailure", "strip_null_usage"]

@@ -1,4 +1,5 @@
-"""The non-generation OpenAI/vLLM endpoints: embeddings, rerank, score, tokenize.
+"""The non-generation OpenAI/vLLM endpoints: embeddings, rerank, score, tokenize, and
+creating a conversation (its id is mapped to the node that keeps it, ``responses``).
 
 Each is a request kind of the one pipeline (``handlers.serve``): the body is checked here
 (a 400 names the field), its input tokens are counted with kvgate's text model (what
@@ -15,7 +16,15 @@ from typing import Any
 
 from kvgate.gateway.errors import ApiError
 from kvgate.prompts import PromptError, render_chat
-from kvgate.routing.endpoints import DETOKENIZE, EMBEDDINGS, RERANK, SCORE, TOKENIZE
+from kvgate.routing.endpoints import (
+    CONVERSATIONS,
+    DETOKENIZE,
+    EMBEDDINGS,
+    RERANK,
+    SCORE,
+    TOKENIZE,
+)
+from kvgate.routing.responses_input import input_messages
 from kvgate.tokens import count_tokens
 from kvgate.types import RouteRequest
 
@@ -128,6 +137,16 @@ def _detokenize_tokens(body: Mapping[str, Any]) -> int:
     return len(tokens)
 
 
+def _conversation_tokens(body: Mapping[str, Any]) -> int:
+    """A new conversation's initial items (none: an empty conversation)."""
+    if body.get("items") is None:
+        return 0
+    try:
+        return count_tokens(render_chat(input_messages({"input": body["items"]})))
+    except PromptError as exc:
+        raise _bad("items", f"a non-empty list of input items ({exc})") from None
+
+
 @dataclass(frozen=True, slots=True)
 class SurfaceKind:
     """One non-generation endpoint kind: its client paths and its input-token count."""
@@ -143,6 +162,7 @@ SURFACE_KINDS: tuple[SurfaceKind, ...] = (
     SurfaceKind(SCORE, ("/v1/score", "/score"), _score_tokens),
     SurfaceKind(TOKENIZE, ("/tokenize",), _tokenize_tokens),
     SurfaceKind(DETOKENIZE, ("/detokenize",), _detokenize_tokens),
+    SurfaceKind(CONVERSATIONS, ("/v1/conversations",), _conversation_tokens),
 )
 BY_KIND = {k.kind: k for k in SURFACE_KINDS}
 

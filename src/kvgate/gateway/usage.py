@@ -20,9 +20,18 @@ def _int(value: Any) -> int | None:
 
 
 def parse_usage(body: dict[str, Any]) -> Usage | None:
+    """A chat/completions ``usage``, or the Responses API's (``input_tokens`` …), at the
+    top level of a body or inside a stream event's ``response`` object."""
     usage = body.get("usage")
     if not isinstance(usage, dict):
-        return None
+        inner = body.get("response")
+        usage = inner.get("usage") if isinstance(inner, dict) else None
+        if not isinstance(usage, dict):
+            return None
+    if "input_tokens" in usage and "prompt_tokens" not in usage:
+        details = usage.get("input_tokens_details")
+        cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else None
+        return Usage(_int(usage.get("input_tokens")), _int(usage.get("output_tokens")), cached)
     details = usage.get("prompt_tokens_details")
     cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else None
     return Usage(_int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")), cached)

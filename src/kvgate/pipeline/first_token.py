@@ -5,8 +5,10 @@ applies the report) call ``events_bear_content`` on the raw SSE events; the simu
 and engine-sim, which hold parsed chunks, call ``chunk_bears_content``. Both read the
 same fields: a non-empty ``delta.content``, ``delta.reasoning_content`` (or
 ``delta.reasoning``), any ``delta.tool_calls`` / ``delta.function_call`` entry in a chat
-stream, or a non-empty ``text`` in a completions stream. A role-only opening chunk, an
-empty delta, a usage-only chunk and ``[DONE]`` bear none.
+stream, a non-empty ``text`` in a completions stream, or a Responses API delta event
+(``response.output_text.delta`` and the other ``….delta`` events with a non-empty
+``delta``). A role-only opening chunk, an empty delta, a usage-only chunk, the Responses
+lifecycle events (``response.created`` …) and ``[DONE]`` bear none.
 
 ``ProgressSchedule`` decides which generated-token counts are reported: the first
 content-bearing chunk at once (independent of batching: admission times its first token
@@ -20,7 +22,24 @@ from typing import Any
 import msgspec
 
 # A cheap pre-check: an event without one of these byte strings cannot bear content.
-_MARKS = (b'"content"', b'"text"', b'"reasoning', b'"tool_calls"', b'"function_call"')
+_MARKS = (
+    b'"content"',
+    b'"text"',
+    b'"reasoning',
+    b'"tool_calls"',
+    b'"function_call"',
+    b'.delta"',  # a Responses API delta event's type
+)
+# Responses API stream events that carry generated output (text, reasoning, tool arguments)
+_RESPONSE_DELTAS = frozenset(
+    {
+        "response.output_text.delta",
+        "response.reasoning_text.delta",
+        "response.reasoning_summary_text.delta",
+        "response.function_call_arguments.delta",
+        "response.refusal.delta",
+    }
+)
 _DELTA_TEXT_FIELDS = ("content", "reasoning_content", "reasoning")
 _DELTA_CALL_FIELDS = ("tool_calls", "function_call")
 _decode = msgspec.json.Decoder().decode
@@ -32,7 +51,8 @@ def chunk_bears_content(chunk: Any) -> bool:
         return False
     choices = chunk.get("choices")
     if not isinstance(choices, list):
-        return False
+        delta = chunk.get("delta")
+        return chunk.get("type") in _RESPONSE_DELTAS and isinstance(delta, str) and bool(delta)
     for choice in choices:
         if not isinstance(choice, dict):
             continue

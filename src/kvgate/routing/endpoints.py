@@ -1,7 +1,10 @@
 """Endpoint kinds: what a request asks of an engine, and which engines serve it.
 
-``generate`` (chat and completions) is routed by the configured policy (cache affinity);
-every other kind here reads its input once and generates nothing, so a prefix cache
+``generate`` (chat and completions) and ``responses`` (the Responses API) are routed by
+the configured policy (cache affinity); a Responses request that continues a stored
+response (``previous_response_id``) or conversation (``conversation``) is pinned to the
+node holding it (``RoutePin``).
+Every other kind here reads its input once and generates nothing, so a prefix cache
 does not help it: it goes to the least-loaded eligible node. Which engine types serve
 which kinds follows their OpenAI-compatible servers (vLLM serves them all, as does
 engine-sim); a node is eligible for a kind only if its engine type serves it
@@ -16,16 +19,22 @@ RERANK = "rerank"
 SCORE = "score"
 TOKENIZE = "tokenize"
 DETOKENIZE = "detokenize"
+RESPONSES = "responses"
+CONVERSATIONS = "conversations"  # the Conversations API's create (state kept in the engine)
 
-ALL_ENDPOINTS = frozenset({GENERATE, EMBEDDINGS, RERANK, SCORE, TOKENIZE, DETOKENIZE})
+ALL_ENDPOINTS = frozenset(
+    {GENERATE, EMBEDDINGS, RERANK, SCORE, TOKENIZE, DETOKENIZE, RESPONSES, CONVERSATIONS}
+)
 # routed with the configured policy (prefix cache affinity); the rest by least load
-CACHE_AFFINE = frozenset({GENERATE})
+CACHE_AFFINE = frozenset({GENERATE, RESPONSES})
 
 ENGINE_ENDPOINTS: dict[str, frozenset[str]] = {
-    "vllm": ALL_ENDPOINTS,
+    # vLLM serves the Responses API but not the Conversations API
+    "vllm": ALL_ENDPOINTS - {CONVERSATIONS},
     "sim": ALL_ENDPOINTS,
-    # SGLang's /tokenize and /score differ in path or shape; TGI embeds in a separate
-    # server (TEI); llama.cpp's tokenize bodies differ
+    # SGLang's /tokenize and /score differ in path or shape, and its /v1/responses keeps
+    # no vLLM-style stored state; TGI embeds in a separate server (TEI); llama.cpp's
+    # tokenize bodies differ
     "sglang": frozenset({GENERATE, EMBEDDINGS, RERANK}),
     "llamacpp": frozenset({GENERATE, EMBEDDINGS, RERANK}),
     "tgi": frozenset({GENERATE}),

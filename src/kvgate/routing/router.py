@@ -1,6 +1,7 @@
 """The Router facade: one object the gateway and the simulator both drive.
 
-Sync, allocation-light and clock-injected: no asyncio, no I/O. The gateway calls
+Sync, allocation-light and clock-injected: no asyncio, no I/O. A request with a ``pin``
+goes to its pinned node or to none. The gateway calls
 ``route`` → ``on_dispatch`` → ``on_progress``* → ``on_complete`` for every attempt.
 """
 
@@ -25,12 +26,15 @@ from kvgate.routing.filters import eligible_nodes
 from kvgate.routing.forgone import AFFINITY_OFF, DecisionQuality, cache_choice
 from kvgate.routing.hooks import ResponseHooks
 from kvgate.routing.metrics import RoutingMetrics, state_family
-from kvgate.routing.node_view import NodeView
+from kvgate.routing.node_view import NodeEntry, NodeView
 from kvgate.routing.placement import Placements
 from kvgate.routing.policies import Policy, RoutingContext, create_policy
 from kvgate.routing.prefill_queue import PrefillModel, PrefillQueue
 from kvgate.routing.prefix_index import PrefixIndex
-from kvgate.types import NodeReport, NoNodeAvailable, RouteDecision, RouteRequest
+from kvgate.types import NodeReport, NoNodeAvailable, RouteDecision, RoutePin, RouteRequest
+
+# the route reason of a request pinned to the node holding its state (``RouteRequest.pin``)
+PINNED_REASON = "previous_response"
 
 
 class Router:
@@ -100,6 +104,8 @@ class Router:
         affine = cache_affine(req.endpoint)
         policy = self.policy if affine else self.least_load
         eligible, loads, dropped = eligible_nodes(self.nodes, req, self.config, now, exclude)
+        if req.pin is not None:
+            return self._pinned(req, req.pin, eligible, policy.name)
         if not eligible:
             self.metrics.no_node.labels(policy.name).inc()
             why = ", ".join(f"{k}={v}" for k, v in dropped.items() if v) or "no nodes configured"
@@ -134,6 +140,23 @@ class Router:
         if not choice.took_best and ctx.matches_read and not self.flags["cache_affinity"]:
             reason = AFFINITY_OFF
         self.quality.record(choice, reason)
+
+    def _pinned(
+        self, req: RouteRequest, pin: RoutePin, eligible: list[NodeEntry], policy: str
+    ) -> RouteDecision:
+        """The pinned node if it may take the request now; no other node has its state."""
+        if not any(e.spec.node_id == pin.node_id for e in eligible):
+            self.metrics.no_node.labels(policy).inc()
+            raise NoNodeAvailable(
+                f"node {pin.node_id}, which holds the state this request continues, "
+                "cannot take it now (not eligible, or already tried)"
+            )
+        decision = RouteDecision(
+            pin.node_id, PINNED_REASON, pin.cached_tokens, policy, candidates=(pin.node_id,)
+        )
+        self.decision_counts[(decision.policy, decision.reason)] += 1
+        self.metrics.child(self.metrics.decisions, decision.policy, decision.reason).inc()
+        return decision
 
     def on_dispatch(self, req: RouteRequest, decision: RouteDecision) -> None:
         self.nodes.on_dispatch(decision.node_id, req.request_id, req.prompt_tokens)

@@ -25,6 +25,7 @@ HEAVY_MODULES = frozenset(
         "tests/calibrate/test_calibrate_sim.py",
         "tests/demo/test_demo_cli.py",
         "tests/dashboard/test_dashboard_browser.py",
+        "tests/gateway/test_forgone_dashboard.py",
         "tests/real_vllm/test_vllm_live.py",
     }
 )

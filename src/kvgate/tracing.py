@@ -20,6 +20,7 @@ as ``traceparent`` strings.
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
     from kvgate.types import AdmissionResult, RouteDecision
 
 TRACES_PATH = "/v1/traces"
+TRACEPARENT = "traceparent"
+_ids = random.Random()
 _SAMPLERS_WITH_RATIO = ("traceidratio", "parentbased_traceidratio")
 
 
@@ -134,32 +137,46 @@ class Tracing:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
-        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+        from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
         from opentelemetry.trace import SpanKind, Status, StatusCode
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         self.settings = chosen
         self.provider: TracerProvider = TracerProvider(
             resource=Resource.create({"service.name": chosen.service_name}),
-            sampler=ParentBased(TraceIdRatioBased(chosen.ratio)),
+            # the ratio is applied in request_span before the SDK is asked: an unsampled
+            # root request makes no span; what reaches the SDK is recorded unless the
+            # client's traceparent says unsampled
+            sampler=ParentBased(ALWAYS_ON),
         )
         self.provider.add_span_processor(
             BatchSpanProcessor(OTLPSpanExporter(endpoint=chosen.endpoint))
         )
         self.tracer = self.provider.get_tracer("kvgate")
         self._propagator = TraceContextTextMapPropagator()
+        self._random = _ids.random
         self._server = SpanKind.SERVER
         self._client = SpanKind.CLIENT
         self._error = Status(StatusCode.ERROR)
 
-    def request_span(self, name: str, headers: Mapping[str, str], request_id: str) -> Span:
-        """The server span of one request, a child of the client's ``traceparent`` if any."""
+    def request_span(self, name: str, headers: Mapping[str, str], request_id: str) -> Span | None:
+        """The server span of one request, a child of the client's ``traceparent`` if any
+        (followed whether or not it is sampled); None for a request without one that the
+        sampling ratio leaves out (it still sends ``unsampled_traceparent()`` on)."""
+        if TRACEPARENT not in headers and self._random() >= self.settings.ratio:
+            return None
         return self.tracer.start_span(
             name,
             context=self._propagator.extract(headers),
             kind=self._server,
             attributes={"kvgate.request_id": request_id},
         )
+
+    @staticmethod
+    def unsampled_traceparent() -> str:
+        """A new trace's ``traceparent`` with the sampled flag off (what an engine is sent
+        for a request that is not traced here)."""
+        return f"00-{_ids.getrandbits(128) or 1:032x}-{_ids.getrandbits(64) or 1:016x}-00"
 
     def end_request(self, span: Span, status: int, tenant: str | None, model: str | None) -> None:
         span.set_attribute("http.response.status_code", status)

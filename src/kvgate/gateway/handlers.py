@@ -372,6 +372,8 @@ async def _generate(
     )
     if span is not None:  # until an attempt's span replaces it (unsampled: this one)
         flow.upstream_traceparent = traceparent(span)
+    elif gateway.tracing is not None:  # not traced here; the engine still gets a context
+        flow.upstream_traceparent = gateway.tracing.unsampled_traceparent()
     flows.append(flow)
     result = await gateway.pipeline.admit(flow)
     entry.admission = admitted = admission_header(result)

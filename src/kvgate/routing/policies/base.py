@@ -29,6 +29,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from kvgate.flags import Flags
+from kvgate.routing.cache_signal import TokenCacheSignal
 from kvgate.routing.known_policies import add_policy_name
 from kvgate.routing.placement import Placements
 from kvgate.routing.score_table import LoadScores
@@ -149,10 +150,8 @@ class RoutingContext:
             return self._matches
         matches: dict[str, int] = {}
         if self.flags["cache_affinity"] and req.block_hashes:
-            blocks = self.cache.match(req.block_hashes, self.now, self.loads)
             demotion = self.flags["hit_feedback"]
-            for node_id, n in blocks.items():
-                tokens = expected_tokens(n, req.prompt_tokens)
+            for node_id, tokens in self._cached_tokens(req, self.loads).items():
                 if tokens <= 0:
                     continue
                 if demotion and self.feedback.is_demoted(node_id, req.route_key):
@@ -171,8 +170,16 @@ class RoutingContext:
         """Cached tokens the cache signal predicts on one node, whatever the flags."""
         if not req.block_hashes:
             return 0
-        n = self.cache.match(req.block_hashes, self.now, (node_id,)).get(node_id, 0)
-        return expected_tokens(n, req.prompt_tokens)
+        return self._cached_tokens(req, (node_id,)).get(node_id, 0)
+
+    def _cached_tokens(self, req: RouteRequest, nodes: Collection[str]) -> dict[str, int]:
+        """Expected cached tokens per node: the signal's own count where it has one (the
+        engines' units), else its matched blocks as kvgate text-model tokens."""
+        cache = self.cache
+        if isinstance(cache, TokenCacheSignal):
+            return cache.match_tokens(req, self.now, nodes)
+        blocks = cache.match(req.block_hashes, self.now, nodes)
+        return {n: expected_tokens(b, req.prompt_tokens) for n, b in blocks.items()}
 
     def queue_delays(self) -> dict[str, float]:
         """Predicted prefill queueing delay (seconds) per eligible node."""

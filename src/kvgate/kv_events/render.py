@@ -40,7 +40,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import jinja2
 import jinja2.ext
@@ -92,7 +92,7 @@ class EnginePrompt:
 class _GenerationTag(jinja2.ext.Extension):
     """transformers' ``{% generation %}`` block: renders its body unchanged."""
 
-    tags: ClassVar[set[str]] = {"generation"}
+    tags = {"generation"}  # noqa: RUF012 (jinja2 declares it so)
 
     def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
         lineno = next(parser.stream).lineno

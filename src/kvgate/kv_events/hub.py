@@ -34,6 +34,10 @@ from kvgate.types import NodeReport
 
 log = logging.getLogger(__name__)
 
+# What a prompt is hashed at for a node whose block size is not known yet: vLLM's GPU
+# default and the CPU build's minimum (set kv_events.block_size to hash once).
+UNLEARNED_BLOCK_SIZES = (16, 32)
+
 
 def load_hashers(config: KvEventsConfig) -> dict[str, PromptHasher]:
     hashers: dict[str, PromptHasher] = {}
@@ -81,9 +85,16 @@ class KvEventHub:
 
     # -- prompts -----------------------------------------------------------------------
     def block_sizes(self) -> set[int]:
-        """The KV block sizes the subscribed nodes use (what a prompt is hashed at)."""
-        sizes = self.signal.known_block_sizes(self.subscribers)
-        return sizes or {self.signal.block_size_of("")}
+        """The KV block sizes a prompt is hashed at: the override; else the sizes the
+        subscribed nodes use, plus ``UNLEARNED_BLOCK_SIZES`` while one of them has not said
+        yet, or in a hub that follows no node (a worker process that only hashes)."""
+        if self.config.block_size is not None:
+            return {self.config.block_size}
+        learned = {n: self.signal.learned_block_size(n) for n in self.subscribers}
+        sizes = {bs for bs in learned.values() if bs is not None}
+        if not learned or None in learned.values():
+            sizes.update(UNLEARNED_BLOCK_SIZES)
+        return sizes
 
     def engine_hashes(
         self, model: str, endpoint: str, body: Mapping[str, Any]

@@ -81,16 +81,15 @@ class PreciseSignal:
         (cache_config_info) said, else what its events carry, else the default."""
         if self.override is not None:
             return self.override
+        learned = self.learned_block_size(node_id)
+        return learned if learned is not None else self.block_size
+
+    def learned_block_size(self, node_id: str) -> int | None:
         reported = self.block_sizes.get(node_id)
         if reported is not None:
             return reported
         st = self.index.states.get(node_id)
-        if st is not None and st.block_size:
-            return st.block_size
-        return self.block_size
-
-    def known_block_sizes(self, nodes: Iterable[str]) -> set[int]:
-        return {self.block_size_of(n) for n in nodes}
+        return st.block_size if st is not None and st.block_size else None
 
 
 _BOUND: weakref.WeakKeyDictionary[object, PreciseSignal] = weakref.WeakKeyDictionary()

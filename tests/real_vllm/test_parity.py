@@ -8,7 +8,7 @@
 2. Prediction parity: behind ``kvgate serve`` with ``policy: precise`` and the engine's KV
    events, ``X-KVGate-Expected-Cached-Tokens`` equals vLLM's
    ``usage.prompt_tokens_details.cached_tokens`` on warm chat and completion requests,
-   streamed and not. The hashing block size (32) is not configured: the gateway reads it
+   streamed and not, and on conversations continued with the engine's own replies. The hashing block size (32) is not configured: the gateway reads it
    from the engine's ``cache_config_info``.
 
 The engine publishes its events on an ipc socket in a private directory (vLLM binds ipc
@@ -195,6 +195,19 @@ def test_expected_cached_tokens_equal_vllm_cached_tokens(gateway: GatewayProcess
             usage = out["usage"]
         expected = int(headers["X-KVGate-Expected-Cached-Tokens"])
         rows.append(("chat" if chat else "completions", stream, expected, cached(usage)))
+    # conversations that continue with the engine's own replies: its cache holds the
+    # generated tokens, the next turn re-tokenizes their text
+    for c in range(4):
+        messages: list[dict[str, Any]] = [{"role": "system", "content": systems[c]}]
+        for _turn in range(3):
+            messages.append({"role": "user", "content": words(rng, 12)})
+            body = {"model": MODEL_NAME, "messages": messages, "max_tokens": 24}
+            headers, out = post(gateway.url + "/v1/chat/completions", body)
+            expected = int(headers["X-KVGate-Expected-Cached-Tokens"])
+            rows.append(("chat", False, expected, cached(out["usage"])))
+            messages.append(
+                {"role": "assistant", "content": out["choices"][0]["message"]["content"]}
+            )
     warm = [r for r in rows if r[3] > 0]
     assert len(warm) >= 40, rows
     assert {r[0] for r in warm} == {"chat", "completions"} and {r[1] for r in warm} == {

@@ -41,6 +41,7 @@ from tests.kv_events.render_corpus import (
 )
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.timeout(900)]
+ADMIN_TOKEN = "parity-admin"
 
 
 def post(url: str, body: dict[str, Any]) -> tuple[dict[str, str], Any]:
@@ -145,6 +146,7 @@ def gateway(engine: VllmServer, events_dir: Path) -> Iterator[GatewayProcess]:
             }
         ],
         "routing": {"policy": "precise", "scrape_interval_s": 0.5},
+        "auth": {"admin_token": ADMIN_TOKEN},
         # no block_size: the engine's (32, from cache_config_info) is used
         "kv_events": {
             "tokenizers": {MODEL_NAME: str(engine.model_dir / "tokenizer.json")},
@@ -218,3 +220,19 @@ def test_expected_cached_tokens_equal_vllm_cached_tokens(gateway: GatewayProcess
     assert len(equal) >= 0.99 * len(rows), [r for r in rows if r[2] != r[3]]
     assert _metric(gateway, "kvgate_kv_events_decisions_total", 'state="precise"') == len(rows)
     assert _metric(gateway, "kvgate_kv_events_unrendered_total") == 0.0
+    # the hit-feedback totals count in the engine's tokens: predicted and actual rates agree
+    total_actual = sum(r[3] for r in rows)
+    node: dict[str, Any] = {}
+    for _ in range(100):
+        request = urllib.request.Request(
+            gateway.url + "/admin/summary", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            (node,) = json.load(response)["nodes"]
+        if node["actual_cached_tokens"] >= total_actual:
+            break
+        time.sleep(0.1)
+    assert node["actual_cached_tokens"] == total_actual, node
+    assert node["expected_cached_tokens"] == sum(r[2] for r in rows), node
+    assert 0.5 < node["actual_hit_rate"] <= 1.0, node
+    assert node["predicted_hit_rate"] == pytest.approx(node["actual_hit_rate"], abs=0.01), node

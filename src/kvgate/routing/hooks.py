@@ -80,7 +80,8 @@ class ResponseHooks:
             req.route_key,
             expected_cached_tokens=decision.expected_cached_tokens,
             actual_cached_tokens=actual_cached_tokens,
-            prompt_tokens=req.prompt_tokens,
+            # the engine's count when it hashed the prompt: the unit of its cached tokens
+            prompt_tokens=req.engine_prompt_tokens or req.prompt_tokens,
             demotion_enabled=self.flags["hit_feedback"],
         )
         if change == "demoted":

@@ -87,9 +87,10 @@ class RouteRequest:
     tenant: str = "default"
     priority: int = 0
     pool: str | None = None  # restrict to a node pool (degrade path)
-    # The prompt's block hashes as its engine computes them (model tokenizer, vLLM hash),
-    # when configured; None: the engine hashes with kvgate's text model (block_hashes).
-    engine_block_hashes: list[int] | None = None
+    # The prompt's block hashes as its engine computes them (model tokenizer and chat
+    # template, vLLM hash), per KV block size, when configured; None: the engine hashes
+    # with kvgate's text model (block_hashes).
+    engine_block_hashes: dict[int, list[int]] | None = None
     engine_prompt_tokens: int | None = None
     # what the request asks of the engine (kvgate.routing.endpoints): "generate" (chat,
     # completions: cache-affine routing) or a non-generation kind such as "embeddings"

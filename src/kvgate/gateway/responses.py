@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvgate.gateway.errors import ApiError
 from kvgate.gateway.response_map import Holder, ResponseMap
@@ -40,6 +40,9 @@ from kvgate.routing.node_view import NodeView
 from kvgate.routing.responses_input import conversation_id, input_messages, previous_response_id
 from kvgate.tokens import BLOCK_SIZE
 from kvgate.types import NodeState, RoutePin, RouteRequest
+
+if TYPE_CHECKING:
+    from kvgate.kv_events.tokenizer import EngineHashes
 
 PATH = "/v1/responses"
 OUTPUT_BOUND_FIELD = "max_output_tokens"
@@ -122,7 +125,7 @@ async def route_request(
     priority: int,
     config: RouteKeyConfig,
     model: str,
-    engine_hashes: Callable[[str, str], tuple[int, list[int]] | None] | None,
+    engine_hashes: Callable[[str, str, Mapping[str, Any]], EngineHashes | None] | None,
 ) -> RouteRequest:
     """The route of a Responses request: its turn, pinned to the holder of the response it
     continues when the map knows it; ApiError 400 (bad body) or 404 (the holder is gone)."""

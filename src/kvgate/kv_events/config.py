@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kvgate.kv_events.hashing import HASH_ALGOS
 
+DEFAULT_BLOCK_SIZE = 16
 # Engines that publish vLLM's KV event stream (SGLang publishes the same shape).
 EVENT_ENGINE_TYPES = ("vllm", "sglang", "sim")
 
@@ -49,7 +50,10 @@ class KvEventsConfig(BaseModel):
     tokenizers: dict[str, str] = {}
     hash_algo: str = "sha256_cbor"  # vLLM --prefix-caching-hash-algo
     hash_seed: str = "0"  # the engines' PYTHONHASHSEED
-    block_size: int = Field(default=16, ge=1)  # the engines' KV block size
+    # The engines' KV block size, as an explicit override for every node. Unset (the
+    # default): each node's own, from its cache_config_info metric (vLLM) or, failing
+    # that, from its BlockStored events; DEFAULT_BLOCK_SIZE until either is seen.
+    block_size: int | None = Field(default=None, ge=1)
     replay_timeout_s: float = Field(default=2.0, gt=0)
 
     @field_validator("tokenizers")

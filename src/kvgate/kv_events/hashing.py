@@ -65,6 +65,7 @@ class TokenBlockHasher:
             raise ValueError(f"hash algo must be one of {', '.join(HASH_ALGOS)}; got {algo!r}")
         self.block_size = block_size
         self.algo = algo
+        self.seed = seed
         self._fn = fn
         self.none_hash = fn(seed)
 
@@ -81,3 +82,11 @@ class TokenBlockHasher:
     def hashes(self, token_ids: Sequence[int]) -> list[int]:
         """The 64-bit external hashes the engine's events carry for these blocks."""
         return [to_external(d) for d in self.digests(token_ids)]
+
+
+def engine_cached_tokens(matched_blocks: int, prompt_tokens: int, block_size: int) -> int:
+    """Prompt tokens an engine reuses from ``matched_blocks`` cached leading blocks: whole
+    blocks, never the one holding the prompt's last token (vLLM looks up at most
+    ``prompt_tokens - 1`` tokens: the last one is always computed, for its logits)."""
+    usable = max(0, (prompt_tokens - 1) // block_size)
+    return min(matched_blocks, usable) * block_size

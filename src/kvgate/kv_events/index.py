@@ -35,6 +35,7 @@ class NodeEventState:
     last_applied_at: float | None = None  # our clock when we applied it
     blocks: int = 0
     batches: int = 0
+    block_size: int | None = None  # tokens per block, as the node's BlockStored events say
 
 
 class PreciseIndex:
@@ -84,6 +85,8 @@ class PreciseIndex:
         if isinstance(ev, BlockStored):
             if ev.medium not in DEVICE_MEDIA:
                 return
+            if ev.block_size > 0:
+                self.state(node_id).block_size = ev.block_size
             held = self._by_node.setdefault(node_id, set())
             holders = self._holders
             for h in ev.block_hashes:

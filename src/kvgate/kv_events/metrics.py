@@ -65,3 +65,15 @@ class KvEventMetrics:
             ["state"],
             registry=r,
         )
+        self.unrendered = Counter(
+            "kvgate_kv_events_unrendered_total",
+            "Requests for a model with a tokenizer whose engine prompt the gateway could not "
+            "reproduce (multimodal parts, a request template, malformed): routed approximately",
+            registry=r,
+        )
+        self.block_size = Gauge(
+            "kvgate_kv_events_block_size",
+            "The KV block size (tokens) prompts are hashed at for a node",
+            ["node"],
+            registry=r,
+        )

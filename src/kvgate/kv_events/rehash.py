@@ -6,7 +6,9 @@ parent's hash: the gateway re-hashes the tokens with its own chain (``TokenBlock
 vLLM's scheme) and remembers engine hash → own digest, so later children and
 ``BlockRemoved`` events (hashes only) can be translated. A stored block whose parent was
 never seen, or whose token count does not fill its blocks, cannot be placed in a chain and
-is skipped (``skipped``). The engine's block size must equal the gateway's.
+is skipped (``skipped``). With a fixed block size (``kv_events.block_size`` set) a block
+of another size is skipped too; otherwise each event is re-hashed at the block size it
+carries, the size the gateway then queries that node with (``NodeEventState.block_size``).
 """
 
 from __future__ import annotations
@@ -22,13 +24,22 @@ from kvgate.kv_events.wire import (
 
 
 class TokenRehasher:
-    def __init__(self, hasher: TokenBlockHasher) -> None:
+    def __init__(self, hasher: TokenBlockHasher, *, fixed: bool = True) -> None:
         self.hasher = hasher
+        self.fixed = fixed
+        self._hashers = {hasher.block_size: hasher}
         self._digests: dict[int, bytes] = {}  # engine block hash → our digest
         self.skipped = 0
 
     def reset(self) -> None:
         self._digests.clear()
+
+    def _hasher(self, block_size: int) -> TokenBlockHasher | None:
+        hasher = self._hashers.get(block_size)
+        if hasher is None and not self.fixed and block_size > 0:
+            base = self.hasher
+            hasher = self._hashers[block_size] = TokenBlockHasher(block_size, base.algo, base.seed)
+        return hasher
 
     def translate(self, batch: KVEventBatch) -> KVEventBatch:
         out: list[KVEvent] = []
@@ -41,9 +52,9 @@ class TokenRehasher:
     def _event(self, ev: KVEvent) -> KVEvent | None:
         digests = self._digests
         if isinstance(ev, BlockStored):
-            bs = self.hasher.block_size
+            hasher = self._hasher(ev.block_size)
             n = len(ev.block_hashes)
-            if ev.block_size != bs or len(ev.token_ids) != n * bs:
+            if hasher is None or len(ev.token_ids) != n * hasher.block_size:
                 self.skipped += n
                 return None
             parent: bytes | None = None
@@ -52,7 +63,7 @@ class TokenRehasher:
                 if parent is None:
                     self.skipped += n
                     return None
-            ours = self.hasher.digests(ev.token_ids, parent=parent)
+            ours = hasher.digests(ev.token_ids, parent=parent)
             for engine_hash, digest in zip(ev.block_hashes, ours, strict=True):
                 digests[engine_hash] = digest
             return BlockStored(

@@ -217,14 +217,16 @@ class KvEventSubscriber:
                 if left <= 0 or not await dealer.poll(left * 1000):
                     break
                 frames = await dealer.recv_multipart()
-                if len(frames) != 3:
+                # [b"", seq, payload] (vLLM <= 0.11, engine-sim) or [b"", topic, seq,
+                # payload] (vLLM 0.32 sends the topic too)
+                if len(frames) not in (3, 4):
                     continue
-                seq = wire.seq_from_bytes(frames[1])
+                seq = wire.seq_from_bytes(frames[-2])
                 if seq < 0:
                     outcome = "ended"
                     break
                 if start <= seq and (until is None or seq < until):
-                    got.append((seq, frames[2]))
+                    got.append((seq, frames[-1]))
         finally:
             dealer.close(linger=0)
         got.sort()

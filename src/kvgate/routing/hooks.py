@@ -35,7 +35,9 @@ class ResponseHooks:
     _evictions_seen: int = field(default=0, init=False, repr=False)
 
     def on_dispatch(self, req: RouteRequest, decision: RouteDecision, now: float) -> None:
-        uncached = req.prompt_tokens - decision.expected_cached_tokens
+        # expected cached tokens are the engine's when it hashed the prompt (policy precise)
+        prompt = req.engine_prompt_tokens or req.prompt_tokens
+        uncached = max(0, prompt - decision.expected_cached_tokens)
         self.queue.on_dispatch(decision.node_id, req.request_id, uncached, now)
         if not cache_affine(req.endpoint):
             return  # no prefix to place (embeddings, rerank, …)
@@ -78,7 +80,8 @@ class ResponseHooks:
             req.route_key,
             expected_cached_tokens=decision.expected_cached_tokens,
             actual_cached_tokens=actual_cached_tokens,
-            prompt_tokens=req.prompt_tokens,
+            # the engine's count when it hashed the prompt: the unit of its cached tokens
+            prompt_tokens=req.engine_prompt_tokens or req.prompt_tokens,
             demotion_enabled=self.flags["hit_feedback"],
         )
         if change == "demoted":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from kvgate.prompts import (
     PromptError,
@@ -17,6 +17,9 @@ from kvgate.routing.config import RouteKeyConfig
 from kvgate.routing.route_key import kb_version_for, prefix_digest, route_key, route_key_for
 from kvgate.tokens import text_block_hashes, text_block_hashes_with_head
 from kvgate.types import RouteRequest
+
+if TYPE_CHECKING:
+    from kvgate.kv_events.tokenizer import EngineHashes
 
 DEFAULT_MAX_TOKENS = 256
 Endpoint = Literal["chat", "completions"]  # any other value raises PromptError
@@ -53,14 +56,15 @@ def build_route_request(
     priority: int,
     config: RouteKeyConfig,
     model: str | None = None,
-    engine_hashes: Callable[[str, str], tuple[int, list[int]] | None] | None = None,
+    engine_hashes: Callable[[str, str, Mapping[str, Any]], EngineHashes | None] | None = None,
 ) -> RouteRequest:
     """Render the canonical prompt, hash its blocks and derive the route key.
 
     ``model``: the served model the request resolved to (default: the body's field); the
     route key is built with it, so nothing changes the route's model afterwards.
-    ``engine_hashes(model, text)``, when given, hashes the prompt the way the model's
-    engine does (its tokenizer; see ``kvgate.kv_events``) for the precise cache signal.
+    ``engine_hashes(model, endpoint, body)``, when given, renders and hashes the prompt the
+    way the model's engine does (its chat template and tokenizer, per KV block size; see
+    ``kvgate.kv_events``) for the precise cache signal; None when it cannot.
     """
     if not isinstance(body, Mapping):
         raise PromptError("the request body must be a JSON object")
@@ -86,7 +90,7 @@ def build_route_request(
         key = route_key(model, prefix_digest(stable, kb_version_for(headers, config)))
     else:
         raise PromptError(f"unknown endpoint {endpoint!r}")
-    engine = engine_hashes(model, text) if engine_hashes is not None else None
+    engine = engine_hashes(model, endpoint, body) if engine_hashes is not None else None
     return RouteRequest(
         request_id=request_id,
         model=model,
@@ -96,8 +100,8 @@ def build_route_request(
         max_tokens=max_tokens,
         tenant=tenant,
         priority=priority,
-        engine_block_hashes=engine[1] if engine is not None else None,
-        engine_prompt_tokens=engine[0] if engine is not None else None,
+        engine_block_hashes=engine.by_block_size if engine is not None else None,
+        engine_prompt_tokens=engine.prompt_tokens if engine is not None else None,
     )
 
 

@@ -29,6 +29,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from kvgate.flags import Flags
+from kvgate.routing.cache_signal import TokenCacheSignal
 from kvgate.routing.known_policies import add_policy_name
 from kvgate.routing.placement import Placements
 from kvgate.routing.score_table import LoadScores
@@ -83,9 +84,9 @@ class RoutingContext:
     """Everything one routing decision may read; built by the Router per request."""
 
     __slots__ = (
-        "_blocks",
         "_boosts",
         "_delays",
+        "_held",
         "_matches",
         "cache",
         "cache_is_precise",
@@ -132,7 +133,7 @@ class RoutingContext:
         self.now = now
         self.eligible = eligible
         self.loads = loads if loads is not None else {e.spec.node_id: e.load for e in eligible}
-        self._blocks: dict[str, int] | None = None
+        self._held: dict[str, int] | None = None
         self._matches: dict[str, int] | None = None
         self._boosts: dict[str, float] | None = None
         self._delays: dict[str, float] | None = None
@@ -145,21 +146,18 @@ class RoutingContext:
     def prefill(self) -> PrefillModel:
         return self.queue.model
 
-    def _held_blocks(self, req: RouteRequest) -> dict[str, int]:
-        """Eligible node → leading blocks the cache signal says it holds: the decision's
-        one lookup, shared by the scorers, the baselines' expected tokens and the
+    def _held_tokens(self, req: RouteRequest) -> dict[str, int]:
+        """Eligible node → expected cached tokens by the cache signal: the decision's one
+        lookup, shared by the scorers, the baselines' expected tokens and the
         decision-quality count."""
-        if self._blocks is None:
-            self._blocks = (
-                self.cache.match(req.block_hashes, self.now, self.loads) if req.block_hashes else {}
-            )
-        return self._blocks
+        if self._held is None:
+            self._held = self._cached_tokens(req, self.loads) if req.block_hashes else {}
+        return self._held
 
     def _trusted_matches(self, req: RouteRequest) -> dict[str, int]:
         matches: dict[str, int] = {}
         demotion = self.flags["hit_feedback"]
-        for node_id, n in self._held_blocks(req).items():
-            tokens = expected_tokens(n, req.prompt_tokens)
+        for node_id, tokens in self._held_tokens(req).items():
             if tokens <= 0:
                 continue
             if demotion and self.feedback.is_demoted(node_id, req.route_key):
@@ -198,12 +196,20 @@ class RoutingContext:
 
     def expected_cached(self, req: RouteRequest, node_id: str) -> int:
         """Cached tokens the cache signal predicts on one node, whatever the flags."""
-        if node_id not in self.loads:  # not eligible: outside the decision's lookup
-            if not req.block_hashes:
-                return 0
-            n = self.cache.match(req.block_hashes, self.now, (node_id,)).get(node_id, 0)
-            return expected_tokens(n, req.prompt_tokens)
-        return expected_tokens(self._held_blocks(req).get(node_id, 0), req.prompt_tokens)
+        if node_id in self.loads:
+            return self._held_tokens(req).get(node_id, 0)
+        if not req.block_hashes:  # not eligible: outside the decision's lookup
+            return 0
+        return self._cached_tokens(req, (node_id,)).get(node_id, 0)
+
+    def _cached_tokens(self, req: RouteRequest, nodes: Collection[str]) -> dict[str, int]:
+        """Expected cached tokens per node: the signal's own count where it has one (the
+        engines' units), else its matched blocks as kvgate text-model tokens."""
+        cache = self.cache
+        if isinstance(cache, TokenCacheSignal):
+            return cache.match_tokens(req, self.now, nodes)
+        blocks = cache.match(req.block_hashes, self.now, nodes)
+        return {n: expected_tokens(b, req.prompt_tokens) for n, b in blocks.items()}
 
     def queue_delays(self) -> dict[str, float]:
         """Predicted prefill queueing delay (seconds) per eligible node."""

@@ -3,7 +3,8 @@
 It wraps another policy (``hybrid``, wired in ``policies/__init__.py``): the scoring, spill
 rule and placement of new prefixes are that policy's; only the cache signal differs. Per eligible node it is the precise index fed by the
 engine's KV events (``kvgate.kv_events``) when that node's event stream is synced, asked
-with the engine's own block hashes when a tokenizer is configured; else the approximate
+with the engine's own block hashes (at that node's KV block size) when a tokenizer is
+configured, and counted in the engine's tokens; else the approximate
 prefix index (a node whose publisher just restarted, or that publishes no events, is still
 scored). With flag ``precise_events`` off, or no index bound to this router's node view,
 every node uses the approximate index — the policy is then exactly hybrid.
@@ -41,13 +42,18 @@ class PrecisePolicy:
         else:
             state = "mixed"
         bound.metrics.decisions.labels(state).inc()
-        signal = CombinedSignal(bound.index, ctx.cache, engine_block_hashes=req.engine_block_hashes)
-        return signal, state
+        return CombinedSignal(bound.index, ctx.cache, bound=bound), state
 
     def choose(self, req: RouteRequest, ctx: RoutingContext) -> RouteDecision:
         ctx.cache, state = self._signal(req, ctx)
         ctx.cache_is_precise = state == "precise"
         decision = self.inner.choose(req, ctx)
+        bound = ctx.cache.bound if isinstance(ctx.cache, CombinedSignal) else None
+        if bound is not None and req.engine_block_hashes is not None:
+            # until the engine's events for this prompt arrive, its blocks count as there
+            hashes = req.engine_block_hashes.get(bound.block_size_of(decision.node_id))
+            if hashes:
+                bound.pending.record(decision.node_id, hashes, ctx.now)
         if decision.reason == "prefix_match":
             reason = "precise_match" if state == "precise" else "cache_match"
         elif decision.reason in ("home_set", "least_load_miss", "evicted_miss"):

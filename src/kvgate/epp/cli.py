@@ -15,9 +15,8 @@ import logging
 import sys
 from typing import Any
 
-from kvgate.adapters import ENGINE_TYPES
-from kvgate.cli import add_flag_option, add_log_level, configure_logging
-from kvgate.routing.policies import policy_names
+from kvgate.cli import add_log_level, configure_logging
+from kvgate.gateway.cli import add_cluster_arguments
 
 DEFAULT_GRPC_PORT = 9002
 DEFAULT_HTTP_PORT = 9003
@@ -40,26 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_HTTP_PORT,
         help="/metrics, /health, /admin and the dashboard (0 = any free port)",
     )
-    parser.add_argument(
-        "--backend", action="append", default=[], metavar="URL", help="engine base URL; repeat"
-    )
-    parser.add_argument(
-        "--engine-type",
-        default=None,
-        choices=ENGINE_TYPES,
-        help="engine type of --backend nodes (default: from the config, else vllm)",
-    )
-    parser.add_argument("--model", default=None, help="model of --backend nodes (else discovered)")
-    parser.add_argument(
-        "--policy",
-        help="routing policy (default: the config's, else hybrid): "
-        + ", ".join(sorted(policy_names())),
-    )
-    parser.add_argument("--store", help="memory:// | redis://h:p | etcd://h:p | redis://…,etcd://…")
-    parser.add_argument("--admin-token", help="token for /admin and /dashboard")
-    parser.add_argument("--gateway-id", help="this replica's id (default host:http-port)")
-    parser.add_argument("--scrape-interval", type=float, help="seconds between /metrics pulls")
-    add_flag_option(parser)
+    add_cluster_arguments(parser, id_default="host:http-port")
     parser.add_argument(
         "--port-file", help="write the gRPC and HTTP ports here (one a line) once listening"
     )

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import json
 
-from kvgate.gateway.bytepath import count_generated, strip_null_usage
-from kvgate.gateway.sse import parse_event
-from kvgate.gateway.usage import Usage, is_usage_only_chunk, parse_usage
+from kvgate.gateway.bytepath import count_generated, strip_null_usage, take_usage
+from kvgate.gateway.usage import Usage, parse_usage
 from kvgate.pipeline.first_token import ProgressSchedule, events_bear_content
 
-_USAGE_MARKS = (b'"usage":{', b'"usage": {')
 MAX_UNARY_BYTES = 8 * 1024 * 1024  # a larger non-streamed answer passes without usage
 
 
@@ -53,25 +51,12 @@ class StreamObserver:
     def _events(self, events: bytes) -> tuple[bytes, int | None]:
         if self.strip_usage:
             events = strip_null_usage(events)
-        if any(mark in events for mark in _USAGE_MARKS):
-            events = self._usage(events)
+        events, usage = take_usage(events, self.strip_usage)
+        if usage is not None:
+            self.usage = usage
         self.generated += count_generated(events)
         bears = self.schedule.first_seen or events_bear_content(events)
         return events, self.schedule.report(self.generated, bears)
-
-    def _usage(self, events: bytes) -> bytes:
-        kept = []
-        for raw in events.split(b"\n\n"):
-            if raw and any(mark in raw for mark in _USAGE_MARKS):
-                data = parse_event(raw).json()
-                if data is not None:
-                    usage = parse_usage(data)
-                    if usage is not None:
-                        self.usage = usage
-                    if self.strip_usage and is_usage_only_chunk(data):
-                        continue
-            kept.append(raw)
-        return b"\n\n".join(kept)
 
 
 class UnaryObserver:

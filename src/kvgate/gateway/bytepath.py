@@ -43,6 +43,27 @@ def strip_null_usage(raw: bytes) -> bytes:
     return raw.replace(b',"usage":null', b"").replace(b', "usage": null', b"")
 
 
+def take_usage(events: bytes, strip_usage_chunks: bool) -> tuple[bytes, Usage | None]:
+    """The last usage a run of complete events carries (only events with a ``"usage":{``
+    are parsed) and the events to send on: without usage-only chunks when
+    ``strip_usage_chunks`` (the client did not ask for usage; kvgate did)."""
+    if not any(mark in events for mark in _USAGE_MARKS):
+        return events, None
+    found: Usage | None = None
+    kept = []
+    for raw in events.split(b"\n\n"):
+        if raw and any(mark in raw for mark in _USAGE_MARKS):
+            data = parse_event(raw).json()
+            if data is not None:
+                usage = parse_usage(data)
+                if usage is not None:
+                    found = usage
+                if strip_usage_chunks and is_usage_only_chunk(data):
+                    continue
+        kept.append(raw)
+    return b"\n\n".join(kept), found
+
+
 def count_generated(events: bytes) -> int:
     """Streamed chunks that carry text (≈ tokens: engines stream about one per chunk)."""
     n = events.count(b'"content":"')
@@ -140,19 +161,9 @@ class SseRelay:
                 self.on_progress(count)
 
     def _usage(self, events: bytes) -> bytes:
-        if any(mark in events for mark in _USAGE_MARKS):
-            kept = []
-            for raw in events.split(b"\n\n"):
-                if raw and any(mark in raw for mark in _USAGE_MARKS):
-                    data = parse_event(raw).json()
-                    if data is not None:
-                        usage = parse_usage(data)
-                        if usage is not None:
-                            self.usage = usage
-                        if self.strip_usage and is_usage_only_chunk(data):
-                            continue
-                kept.append(raw)
-            events = b"\n\n".join(kept)
+        events, usage = take_usage(events, self.strip_usage)
+        if usage is not None:
+            self.usage = usage
         return events
 
     def _out(self, data: bytes) -> None:

@@ -18,6 +18,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE.yaml", help="gateway config file")
     parser.add_argument("--host", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="bind port (default 8000; 0 = any free port)")
+    add_cluster_arguments(parser, id_default="host:port")
+    parser.add_argument("--port-file", help="write the bound port here once listening")
+    add_log_level(parser)
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="proxy worker processes sharing the port (default: number of cores); "
+        "1 = everything in one process",
+    )
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser, *, id_default: str) -> None:
+    """The engines, policy, store, admin token, replica id, scrape interval and flags:
+    what ``kvgate serve`` and ``kvgate epp`` both override in the config file."""
     parser.add_argument(
         "--backend",
         action="append",
@@ -39,18 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--store", help="memory:// | redis://h:p | etcd://h:p | redis://…,etcd://…")
     parser.add_argument("--admin-token", help="token for /admin and /dashboard")
-    parser.add_argument("--gateway-id", help="this replica's id (default host:port)")
+    parser.add_argument("--gateway-id", help=f"this replica's id (default {id_default})")
     parser.add_argument("--scrape-interval", type=float, help="seconds between /metrics pulls")
     add_flag_option(parser)
-    parser.add_argument("--port-file", help="write the bound port here once listening")
-    add_log_level(parser)
-    parser.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        help="proxy worker processes sharing the port (default: number of cores); "
-        "1 = everything in one process",
-    )
 
 
 def config_from_args(args: argparse.Namespace) -> dict[str, Any]:

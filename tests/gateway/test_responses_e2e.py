@@ -24,14 +24,16 @@ NODES = ("e0", "e1", "e2")
 
 
 @pytest.fixture(scope="module")
-def cluster(redis_server: Any) -> Iterator[tuple[GatewayProcess, GatewayProcess, list[Engine]]]:
+def cluster(
+    module_redis_server: Any,
+) -> Iterator[tuple[GatewayProcess, GatewayProcess, list[Engine]]]:
     with engines(len(NODES)) as started:
         config = {
             "nodes": [
                 {"id": n, "url": e.url, "engine_type": "sim"}
                 for n, e in zip(NODES, started, strict=True)
             ],
-            "store": redis_server.url,
+            "store": module_redis_server.url,
             "admission": {"total_quota": 50000, "tenants": [{"name": "acme", "api_keys": [KEY]}]},
             "auth": {"admin_token": ADMIN},
             "routing": {"scrape_interval_s": 0.5},

@@ -40,7 +40,10 @@ from tests.kv_events.render_corpus import (
     words,
 )
 
-pytestmark = [pytest.mark.real_vllm, pytest.mark.timeout(900)]
+# alone: the index learns what vLLM cached from its KV events, which lag behind the engine
+# when the machine is starved; beside the parallel suite on 2 cores, 2 of 68 warm requests
+# were predicted one block short (the previous turn's blocks not yet indexed)
+pytestmark = [pytest.mark.real_vllm, pytest.mark.alone, pytest.mark.timeout(900)]
 ADMIN_TOKEN = "parity-admin"
 
 

@@ -29,15 +29,14 @@ from kvgate.gateway.handlers import (
     ENDPOINT_PATHS,
     _check_served,
     _model_for,
+    generation_route,
     identify_tenant,
     requested_priority,
 )
 from kvgate.gateway.surface import SURFACE_KINDS, input_tokens, surface_route
 from kvgate.gateway.usage import client_wants_usage, with_usage_requested
 from kvgate.pipeline import Flow
-from kvgate.prompts import PromptError
-from kvgate.routing import build_route_request
-from kvgate.types import AdmissionKind, AdmissionRequest, AdmissionResult, RouteRequest
+from kvgate.types import AdmissionKind, AdmissionRequest, AdmissionResult
 
 # request path → request kind: chat and completions, and the non-generation surfaces
 ENDPOINTS = {path: endpoint for endpoint, path in ENDPOINT_PATHS.items()} | {
@@ -133,7 +132,9 @@ def start_flow(
             priority=priority,
         )
     else:
-        route = _generation_route(gateway, body, endpoint, request, rid, tenant, priority, model)
+        route = generation_route(
+            gateway, body, endpoint, request.headers, rid, tenant.name, priority, model
+        )
     changed = body.get("model") != model
     if changed:  # "default" (or none) names the served model upstream
         body = {**body, "model": model}
@@ -156,34 +157,6 @@ def start_flow(
         priority_min=tenant.priority_min,
     )
     return flow, body, changed
-
-
-def _generation_route(
-    gateway: Gateway,
-    body: dict[str, Any],
-    endpoint: str,
-    request: web.Request,
-    rid: str,
-    tenant: TenantConfig,
-    priority: int,
-    model: str,
-) -> RouteRequest:
-    try:
-        return build_route_request(
-            body,
-            endpoint=endpoint,
-            headers=request.headers,
-            request_id=rid,
-            tenant=tenant.name,
-            priority=priority,
-            config=gateway.config.routing.route_key,
-            model=model,
-            engine_hashes=(gateway.kv_events.engine_hashes if gateway.kv_events.hashers else None),
-        )
-    except PromptError as exc:
-        text = str(exc)
-        param = text.split(" ", 1)[0] if text else None
-        raise ApiError(400, text, param=param, code="invalid_prompt") from None
 
 
 async def admit(

@@ -14,6 +14,7 @@ import asyncio
 import json
 import random
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -47,7 +48,7 @@ from kvgate.prompts import PromptError
 from kvgate.routing import build_route_request
 from kvgate.routing.endpoints import CONVERSATIONS, RESPONSES, engine_types_serving, serves
 from kvgate.tracing import Tracing, traceparent
-from kvgate.types import AdmissionKind, AdmissionRequest, AdmissionResult
+from kvgate.types import AdmissionKind, AdmissionRequest, AdmissionResult, RouteRequest
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -143,6 +144,39 @@ def _prompt_error(exc: PromptError) -> ApiError:
     text = str(exc)
     param = text.split(" ", 1)[0] if text else None
     return ApiError(400, text, param=param, code="invalid_prompt")
+
+
+def engine_hasher(gateway: Gateway) -> Any:
+    """The KV-event hub's prompt hasher when precise routing has a tokenizer, else None."""
+    return gateway.kv_events.engine_hashes if gateway.kv_events.hashers else None
+
+
+def generation_route(
+    gateway: Gateway,
+    body: dict[str, Any],
+    endpoint: str,
+    headers: Mapping[str, str],
+    request_id: str,
+    tenant: str,
+    priority: int,
+    model: str,
+) -> RouteRequest:
+    """A chat or completions request's route; ApiError 400 for a prompt it cannot read.
+    The gateway's handler and the Endpoint Picker both build it here."""
+    try:
+        return build_route_request(
+            body,
+            endpoint=endpoint,
+            headers=headers,
+            request_id=request_id,
+            tenant=tenant,
+            priority=priority,
+            config=gateway.config.routing.route_key,
+            model=model,
+            engine_hashes=engine_hasher(gateway),
+        )
+    except PromptError as exc:
+        raise _prompt_error(exc) from None
 
 
 def identify_tenant(gateway: Gateway, request: web.Request) -> Any:
@@ -317,7 +351,7 @@ async def _generate(
             priority=priority,
             config=gateway.config.routing.route_key,
             model=model,
-            engine_hashes=gateway.kv_events.engine_hashes if gateway.kv_events.hashers else None,
+            engine_hashes=engine_hasher(gateway),
         )
     elif not generation:
         _check_served(gateway, endpoint, path, model)
@@ -330,22 +364,9 @@ async def _generate(
             priority=priority,
         )
     else:
-        try:
-            route = build_route_request(
-                body,
-                endpoint=endpoint,
-                headers=request.headers,
-                request_id=request_id,
-                tenant=tenant.name,
-                priority=priority,
-                config=gateway.config.routing.route_key,
-                model=model,
-                engine_hashes=(
-                    gateway.kv_events.engine_hashes if gateway.kv_events.hashers else None
-                ),
-            )
-        except PromptError as exc:
-            raise _prompt_error(exc) from None
+        route = generation_route(
+            gateway, body, endpoint, request.headers, request_id, tenant.name, priority, model
+        )
     raw_body: bytes | None = raw
     if body.get("model") != model:  # "default" (or none) names the served model upstream
         body = {**body, "model": model}

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import sys
 import time
@@ -25,17 +24,14 @@ import aiohttp
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT))
+
+from bench.proxy_overhead import cpu_seconds  # noqa: E402
 
 from kvgate.procs import start_engine_process, start_gateway_process  # noqa: E402
 from kvgate.procs.envoy import start_envoy, start_epp_process  # noqa: E402
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 MODEL = "sim"
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
 
 
 async def run_load(

@@ -105,6 +105,25 @@ def start_envoy(
     subset: list[str] | None = None,
     concurrency: int = 1,
     ready_timeout: float = 30.0,
+    attempts: int = 3,
+) -> EnvoyProcess:
+    """A real Envoy on free loopback ports; a port taken between choosing and binding it
+    (another process on the machine) is chosen again, up to ``attempts`` times."""
+    for attempt in range(attempts):
+        try:
+            return _start_envoy(picker_port, request_body_mode, subset, concurrency, ready_timeout)
+        except ChildFailed as exc:
+            if "Address already in use" not in str(exc) or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start_envoy(
+    picker_port: int,
+    request_body_mode: RequestBodyMode,
+    subset: list[str] | None,
+    concurrency: int,
+    ready_timeout: float,
 ) -> EnvoyProcess:
     binary = find_envoy()
     if binary is None:
